@@ -1,0 +1,283 @@
+/* The one kernel body: a segment of a row (or of a row pair, for KL) in one
+ * pass over memory. Included once per (ISA, dtype) by lm_instantiate.h after
+ * an lm_simd_*.h header has defined the vector primitives:
+ *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma, v_max, v_abs,
+ *   v_copysign, v_round, v_ldexp, v_sel_n0, v_zero_neginf, v_store
+ * and the dtype macros:
+ *   LM_ELEM (storage type), LM_ELEM_NEGINF, LM_DT (enum lm_dtype),
+ *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
+ *   LM_LANE_ELEM(k)    element offset of position k in [a lanes, b lanes],
+ *   LM_FN(name)        the name of this instantiation's function.
+ *
+ * The pass walks the segment in blocks of LM_BLOCK elements. In one loop it
+ * takes the max of block k+1 (streaming from memory, prefetching ahead) and
+ * sum exp(z - m) of block k (in L1 since the previous loop), so memory and
+ * arithmetic overlap. The running max only changes at block boundaries;
+ * float lane accumulators are flushed to double once per block.
+ */
+
+#define LM_STEP (2 * VW)
+
+#ifndef LM_BODY_ONCE
+#define LM_BODY_ONCE
+#define LM_CAT_(a, b) a##b
+#define LM_CAT(a, b) LM_CAT_(a, b)
+#define LM_INLINE static inline __attribute__((always_inline))
+#endif
+
+#ifdef LM_LIBM_EXP
+#define LM_EXP_LO (-746.0)
+LM_INLINE VF LM_FN(exp_)(VF x) { return exp(x); }
+LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return c * tanh(x / c); }
+#else
+#define LM_EXP_LO (-87.33654f)
+/* exp(x) for x in [LM_EXP_LO, 0] (x clamped by the caller); NaN stays NaN.
+ * Cody-Waite reduction and a degree-5 polynomial: max 2.4 ulp. */
+#define LM_EXP_POLY(r)                                                         \
+    v_fma(v_fma(v_fma(v_fma(v_set1(0.008312525227665901f), r,                  \
+        v_set1(0.041890114545822144f)), r, v_set1(0.16667114198207855f)), r,   \
+        v_set1(0.499992311000824f)), r, v_set1(1.0f))
+LM_INLINE VF LM_FN(exp_)(VF x) {
+    VF n = v_round(v_mul(x, v_set1(1.44269504088896341f)));
+    VF r = v_fma(n, v_set1(-0.693359375f), x);
+    r = v_fma(n, v_set1(2.12194440e-4f), r);
+    VF p = v_fma(LM_EXP_POLY(r), r, v_set1(1.0f));
+    return v_ldexp(p, n);
+}
+/* softcap: c * tanh(x / c) = sign(x) * c * (-em1 / (2 + em1)),
+ * em1 = expm1(-2|x|/c), accurate near 0 (the n == 0 branch skips the 1). */
+LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
+    VF y = v_max(v_set1(LM_EXP_LO), v_mul(v_abs(v_mul(x, ic)), v_set1(-2.0f)));
+    VF n = v_round(v_mul(y, v_set1(1.44269504088896341f)));
+    VF r = v_fma(n, v_set1(-0.693359375f), y);
+    r = v_fma(n, v_set1(2.12194440e-4f), r);
+    VF q = v_mul(LM_EXP_POLY(r), r);               /* e^r - 1 */
+    VF em1 = v_sel_n0(n, q, v_sub(v_ldexp(v_add(q, v_set1(1.0f)), n), v_set1(1.0f)));
+    VF t = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
+    return v_copysign(v_mul(t, c), x);
+}
+#endif
+
+#define LM_LOADC(p, a, b)                                                      \
+    do {                                                                       \
+        LM_LOAD2(p, a, b);                                                     \
+        if (capped) { a = LM_FN(cap_)(a, vc, vic); b = LM_FN(cap_)(b, vc, vic); } \
+    } while (0)
+
+LM_INLINE LANE_T LM_FN(hmax_)(VF v) {
+    LANE_T tmp[VW], m;
+    v_store(tmp, v);
+    m = tmp[0];
+    for (int k = 1; k < VW; k++) m = tmp[k] > m ? tmp[k] : m;
+    return m;
+}
+
+LM_INLINE double LM_FN(hsum_)(VF v) {
+    LANE_T tmp[VW];
+    double s = 0.0;
+    v_store(tmp, v);
+    for (int k = 0; k < VW; k++) s += (double)tmp[k];
+    return s;
+}
+
+/* max over len elements (len a multiple of LM_STEP); NaN is skipped here and
+ * caught by the exp pass. */
+LM_INLINE LANE_T LM_FN(max_)(const LM_ELEM *z, int64_t len, int capped, VF vc, VF vic) {
+    VF m0 = v_set1(-INFINITY), m1 = m0;
+    for (int64_t j = 0; j < len; j += LM_STEP) {
+        VF a, b;
+        LM_LOADC(z + j, a, b);
+        m0 = v_max(a, m0);
+        m1 = v_max(b, m1);
+    }
+    return LM_FN(hmax_)(v_max(m0, m1));
+}
+
+/* first index in [0, len) whose (capped) value equals bm */
+LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, int capped, VF vc, VF vic) {
+    for (int64_t j = 0; j < len; j += LM_STEP) {
+        VF a, b;
+        LANE_T tmp[LM_STEP];
+        int64_t best = -1;
+        LM_LOADC(z + j, a, b);
+        v_store(tmp, a);
+        v_store(tmp + VW, b);
+        for (int k = 0; k < LM_STEP; k++)
+            if (tmp[k] == bm && (best < 0 || LM_LANE_ELEM(k) < best)) best = LM_LANE_ELEM(k);
+        if (best >= 0) return j + best;
+    }
+    return 0;
+}
+
+/* Accumulators of one block, in double. */
+typedef struct { double s, t, rs, c; LANE_T nmax, nrmax; } LM_FN(acc_);
+
+/* One block: exp sums of (z, r)[0, len) against the maxima (M, RM), fused
+ * with the max of the next block (zn, rn)[0, nlen), nlen <= len; when there
+ * is no next block, prefetch pf[0, pflen) bytes (the next segment) instead. */
+LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
+                              const LM_ELEM *zn, const LM_ELEM *rn, int64_t nlen,
+                              const char *pf, int64_t pflen, LANE_T M, LANE_T RM,
+                              const int ent, const int ref, const int capped,
+                              VF vc, VF vic, LM_FN(acc_) *out) {
+    const VF lo = v_set1(LM_EXP_LO), vm = v_set1(M), vrm = v_set1(RM);
+    const VF zero = v_set1(0.0f);
+    VF s0 = zero, s1 = zero, t0 = zero, t1 = zero;
+    VF rs0 = zero, rs1 = zero, c0 = zero, c1 = zero;
+    VF mx0 = v_set1(-INFINITY), mx1 = mx0, rmx0 = mx0, rmx1 = mx0;
+    int64_t j = 0;
+
+#define LM_EXP_STEP()                                                          \
+    do {                                                                       \
+        VF za, zb, da, db, ea, eb;                                             \
+        LM_LOADC(z + j, za, zb);                                               \
+        da = v_max(lo, v_sub(za, vm));                                         \
+        db = v_max(lo, v_sub(zb, vm));                                         \
+        ea = LM_FN(exp_)(da);                                                  \
+        eb = LM_FN(exp_)(db);                                                  \
+        s0 = v_add(s0, ea);                                                    \
+        s1 = v_add(s1, eb);                                                    \
+        if (ent) { t0 = v_fma(ea, da, t0); t1 = v_fma(eb, db, t1); }           \
+        if (ref) {                                                             \
+            VF ra, rb, era, erb;                                               \
+            LM_LOADC(r + j, ra, rb);                                           \
+            era = LM_FN(exp_)(v_max(lo, v_sub(ra, vrm)));                      \
+            erb = LM_FN(exp_)(v_max(lo, v_sub(rb, vrm)));                      \
+            rs0 = v_add(rs0, era);                                             \
+            rs1 = v_add(rs1, erb);                                             \
+            c0 = v_fma(era, v_zero_neginf(v_sub(ra, za), ra), c0);             \
+            c1 = v_fma(erb, v_zero_neginf(v_sub(rb, zb), rb), c1);             \
+        }                                                                      \
+    } while (0)
+
+    for (; j < nlen; j += LM_STEP) {
+        VF a, b;
+        LM_LOADC(zn + j, a, b);
+        __builtin_prefetch((const char *)(zn + j) + LM_PREFETCH_BYTES, 0, 3);
+        mx0 = v_max(a, mx0);
+        mx1 = v_max(b, mx1);
+        if (ref) {
+            LM_LOADC(rn + j, a, b);
+            __builtin_prefetch((const char *)(rn + j) + LM_PREFETCH_BYTES, 0, 3);
+            rmx0 = v_max(a, rmx0);
+            rmx1 = v_max(b, rmx1);
+        }
+        LM_EXP_STEP();
+    }
+    for (; j < len; j += LM_STEP) {
+        int64_t off = j * (int64_t)sizeof(LM_ELEM);
+        if (off < pflen) __builtin_prefetch(pf + off, 0, 3);
+        LM_EXP_STEP();
+    }
+#undef LM_EXP_STEP
+    out->s = LM_FN(hsum_)(v_add(s0, s1));
+    out->t = ent ? LM_FN(hsum_)(v_add(t0, t1)) : 0.0;
+    out->rs = ref ? LM_FN(hsum_)(v_add(rs0, rs1)) : 0.0;
+    out->c = ref ? LM_FN(hsum_)(v_add(c0, c1)) : 0.0;
+    out->nmax = LM_FN(hmax_)(v_max(mx0, mx1));
+    out->nrmax = ref ? LM_FN(hmax_)(v_max(rmx0, rmx1)) : (LANE_T)-INFINITY;
+}
+
+/* Raise the running max of one side to bm (entropy sums shift with it). */
+LM_INLINE void LM_FN(raise_)(double *m, double *s, double *t, double bm) {
+    if (*s != 0.0) {
+        double a = exp(*m - bm);
+        if (t) *t = a * (*t + (*m - bm) * *s);
+        *s *= a;
+    }
+    *m = bm;
+}
+
+LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
+                                const int ent, const int amax, const int ref,
+                                const int capped, float cap, const void *next,
+                                lm_state *st) {
+    const VF vc = v_set1(capped ? cap : 1.0f), vic = v_set1(capped ? 1.0f / cap : 1.0f);
+    const int64_t nv = n - n % LM_STEP, nmain = (nv + LM_BLOCK - 1) / LM_BLOCK;
+    const int64_t nblocks = nmain + (nv < n);
+    LM_ELEM tz[LM_STEP], tr[LM_STEP];
+    double M = -INFINITY, S = 0.0, T = 0.0, RM = -INFINITY, RS = 0.0, C = 0.0;
+    int64_t am = -1, ram = -1;
+    LANE_T bm, brm = (LANE_T)-INFINITY;
+
+    memset(st, 0, sizeof *st);
+    if (nv < n) { /* the tail, padded with -inf to one step */
+        for (int k = 0; k < LM_STEP; k++) {
+            tz[k] = k < n - nv ? z[nv + k] : LM_ELEM_NEGINF;
+            if (ref) tr[k] = k < n - nv ? r[nv + k] : LM_ELEM_NEGINF;
+        }
+    }
+#define LM_BLOCK_AT(k, zp, rp, len)                                            \
+    do {                                                                       \
+        if ((k) < nmain) {                                                     \
+            zp = z + (k) * LM_BLOCK; rp = ref ? r + (k) * LM_BLOCK : NULL;     \
+            len = nv - (k) * LM_BLOCK < LM_BLOCK ? nv - (k) * LM_BLOCK : LM_BLOCK; \
+        } else { zp = tz; rp = tr; len = LM_STEP; }                            \
+    } while (0)
+
+    if (nblocks > 0) {
+        const LM_ELEM *zp, *rp;
+        int64_t len;
+        LM_BLOCK_AT(0, zp, rp, len);
+        bm = LM_FN(max_)(zp, len, capped, vc, vic);
+        if (ref) brm = LM_FN(max_)(rp, len, capped, vc, vic);
+    }
+    for (int64_t k = 0; k < nblocks; k++) {
+        const LM_ELEM *zp, *rp, *zn = NULL, *rn = NULL;
+        int64_t len, nlen = 0, start = k * LM_BLOCK;
+        LM_FN(acc_) acc;
+        LM_BLOCK_AT(k, zp, rp, len);
+        if (k + 1 < nblocks) LM_BLOCK_AT(k + 1, zn, rn, nlen);
+        if (bm == INFINITY || brm == INFINITY) { st->posinf = 1; return; }
+        if (bm > M) {
+            if (amax) am = start + LM_FN(find_)(zp, len, bm, capped, vc, vic);
+            LM_FN(raise_)(&M, &S, ent ? &T : NULL, bm);
+        }
+        if (ref && brm > RM) {
+            if (amax) ram = start + LM_FN(find_)(rp, len, brm, capped, vc, vic);
+            LM_FN(raise_)(&RM, &RS, NULL, brm);
+        }
+        /* With M == -inf so far, exponentiate against 0 only to let a NaN
+         * show; the (tiny) sums are then dropped. */
+        LM_FN(block_)(zp, rp, len, zn, rn, nlen, (const char *)next,
+                      next && k + 1 == nblocks ? len * (int64_t)sizeof(LM_ELEM) : 0,
+                      (LANE_T)(M == -INFINITY ? 0.0 : M),
+                      (LANE_T)(RM == -INFINITY ? 0.0 : RM), ent, ref, capped, vc, vic, &acc);
+        if (isnan(acc.s) || isnan(acc.t)) st->nan_found |= 1;
+        if (ref && (isnan(acc.rs) || isnan(acc.c))) st->nan_found |= 2;
+        if (M != -INFINITY) { S += acc.s; T += acc.t; }
+        if (ref && RM != -INFINITY) { RS += acc.rs; C += acc.c; }
+        bm = acc.nmax;
+        brm = acc.nrmax;
+    }
+#undef LM_BLOCK_AT
+    st->m = M; st->s = S; st->t = T; st->amax = am;
+    st->rm = RM; st->rs = RS; st->c = C; st->ramax = ram;
+}
+
+/* The exported kernel: specialised for the flag sets the driver uses. */
+static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
+                           float cap, const void *next, lm_state *st) {
+    const LM_ELEM *zz = (const LM_ELEM *)z, *rr = (const LM_ELEM *)r;
+#define LM_CASE(f)                                                             \
+    case f:                                                                    \
+        LM_FN(segment_)(zz, rr, n, (f) & LM_WANT_ENT, (f) & LM_WANT_AMAX,      \
+                        (f) & LM_WANT_REF, (f) & LM_WANT_CAP, cap, next, st);  \
+        return;
+    switch (flags) {
+        LM_CASE(0)
+        LM_CASE(LM_WANT_CAP)
+        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX)
+        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_CAP)
+        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF)
+        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF | LM_WANT_CAP)
+    default:
+        LM_FN(segment_)(zz, rr, n, flags & LM_WANT_ENT, flags & LM_WANT_AMAX,
+                        flags & LM_WANT_REF, flags & LM_WANT_CAP, cap, next, st);
+    }
+#undef LM_CASE
+}
+
+#undef LM_LOADC
+#undef LM_EXP_LO
+#undef LM_STEP

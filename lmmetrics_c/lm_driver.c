@@ -1,0 +1,324 @@
+/* The driver: picks the ISA, splits the job into (row, segment) work items
+ * over OpenMP threads, merges segment states in a fixed order and turns
+ * them into per-row results. No Python here; the caller releases the GIL. */
+#include <stdlib.h>
+#include "lm_internal.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define LM_X86 1
+#endif
+
+/* Below this many elements a call runs on one thread (an OpenMP fork costs
+ * more than it saves); each further thread needs this much work too. */
+#define LM_MIN_WORK_PER_THREAD ((int64_t)1 << 15)
+
+/* ------------------------------------------------------------------ ISA */
+
+#ifdef LM_X86
+static int lm_xcr0_has(unsigned mask) {
+    unsigned eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (eax & mask) == mask;
+}
+static int lm_cpu_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    /* OSXSAVE, AVX, FMA, F16C */
+    if (!((c >> 27) & 1) || !((c >> 28) & 1) || !((c >> 12) & 1) || !((c >> 29) & 1)) return 0;
+    if (!lm_xcr0_has(0x6)) return 0; /* the OS saves xmm and ymm */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b >> 5) & 1;
+}
+static int lm_cpu_avx512(void) {
+    unsigned a, b, c, d;
+    if (!lm_cpu_avx2() || !lm_xcr0_has(0xe6)) return 0; /* opmask, zmm */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b >> 16) & 1;
+}
+#endif
+
+int lm_isa_supported(int isa) {
+    switch (isa) {
+    case LM_ISA_SCALAR: return 1;
+#ifdef LM_HAVE_AVX2
+    case LM_ISA_AVX2: return lm_cpu_avx2();
+#endif
+#ifdef LM_HAVE_AVX512
+    case LM_ISA_AVX512: return lm_cpu_avx512();
+#endif
+    default: return 0;
+    }
+}
+
+int lm_isa_best(void) {
+    for (int isa = LM_NISAS - 1; isa > 0; isa--)
+        if (lm_isa_supported(isa)) return isa;
+    return LM_ISA_SCALAR;
+}
+
+static int lm_isa_current = -1;
+
+int lm_isa_active(void) {
+    if (lm_isa_current < 0) lm_isa_current = lm_isa_best();
+    return lm_isa_current;
+}
+
+int lm_isa_set(int isa) {
+    if (isa < 0 || isa >= LM_NISAS || !lm_isa_supported(isa)) return -1;
+    lm_isa_current = isa;
+    return 0;
+}
+
+const char *lm_isa_name(int isa) {
+    static const char *names[LM_NISAS] = {"scalar", "avx2", "avx512"};
+    return isa >= 0 && isa < LM_NISAS ? names[isa] : "unknown";
+}
+
+int lm_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int lm_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static lm_segment_fn lm_kernel_for(int isa, int dtype) {
+    lm_segment_fn fn = NULL;
+#ifdef LM_HAVE_AVX512
+    if (isa == LM_ISA_AVX512) fn = lm_kernels_avx512[dtype];
+#endif
+#ifdef LM_HAVE_AVX2
+    if (isa == LM_ISA_AVX2) fn = lm_kernels_avx2[dtype];
+#endif
+    (void)isa;
+    return fn ? fn : lm_kernels_scalar[dtype];
+}
+
+/* ----------------------------------------------------------------- rows */
+
+typedef struct {
+    const lm_job *job;
+    lm_segment_fn fn;
+    int flags;
+    int64_t nseg;
+    size_t es;
+} lm_ctx;
+
+static const char *lm_row(const lm_ctx *x, const lm_buffer *b, int64_t i) {
+    const lm_job *j = x->job;
+    int64_t off = (i / j->rows_inner) * b->outer_stride + (i % j->rows_inner) * b->row_stride;
+    return (const char *)b->base + off * (int64_t)x->es;
+}
+
+static int lm_counted(const lm_job *j, int64_t i) {
+    if (!j->targets) return 1;
+    int64_t t = j->targets[i];
+    return t >= 0 && t != j->ignore_index;
+}
+
+static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
+    const lm_job *j = x->job;
+    const int64_t lo = s * LM_SEGMENT;
+    const int64_t n = j->n_cols - lo < LM_SEGMENT ? j->n_cols - lo : LM_SEGMENT;
+    const char *z = lm_row(x, &j->logits, i) + lo * (int64_t)x->es;
+    const char *r = j->ref.base ? lm_row(x, &j->ref, i) + lo * (int64_t)x->es : NULL;
+    const void *next = NULL; /* what to prefetch while the segment ends */
+    if (s + 1 < x->nseg) next = z + n * (int64_t)x->es;
+    else if (i + 1 < j->n_rows) next = lm_row(x, &j->logits, i + 1);
+    x->fn(z, r, n, x->flags, (float)j->softcap, next, st);
+}
+
+/* scale factor of a side with max m and sum s to a common max M */
+static double lm_scale(double m, double s, double M) {
+    return s == 0.0 ? 0.0 : exp(m - M);
+}
+
+/* a <- a followed by b (b's indices start at offset) */
+static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
+    double M = a->m > b->m ? a->m : b->m;
+    double ea = lm_scale(a->m, a->s, M), eb = lm_scale(b->m, b->s, M);
+    a->t = (ea ? ea * (a->t + (a->m - M) * a->s) : 0.0) + (eb ? eb * (b->t + (b->m - M) * b->s) : 0.0);
+    a->s = a->s * ea + b->s * eb;
+    if (b->m > a->m && b->amax >= 0) a->amax = b->amax + offset;
+    a->m = M;
+    M = a->rm > b->rm ? a->rm : b->rm;
+    ea = lm_scale(a->rm, a->rs, M);
+    eb = lm_scale(b->rm, b->rs, M);
+    a->rs = a->rs * ea + b->rs * eb;
+    a->c = (ea ? a->c * ea : 0.0) + (eb ? b->c * eb : 0.0);
+    if (b->rm > a->rm && b->ramax >= 0) a->ramax = b->ramax + offset;
+    a->rm = M;
+    a->posinf |= b->posinf;
+    a->nan_found |= b->nan_found;
+}
+
+static double lm_cap(const lm_job *j, double v) {
+    return j->softcap > 0 ? j->softcap * tanh(v / j->softcap) : v;
+}
+
+/* One side of a row, exactly, in double: how many +inf, the lse over the
+ * finite part, entropy, first argmax. Used only for rows holding +inf. */
+typedef struct { int64_t ninf, amax; double m, lse, ent; int nan; } lm_exact;
+
+static lm_exact lm_exact_side(const lm_job *j, const void *p) {
+    lm_exact e = {0, -1, -INFINITY, -INFINITY, 0.0, 0};
+    double s = 0.0, t = 0.0;
+    for (int64_t k = 0; k < j->n_cols; k++) {
+        double v = lm_cap(j, lm_load1(p, j->dtype, k));
+        if (isnan(v)) e.nan = 1;
+        else if (v == INFINITY) { if (!e.ninf++) e.amax = k; }
+        else if (v > e.m) { e.m = v; if (!e.ninf) e.amax = k; }
+    }
+    if (e.ninf) { e.lse = INFINITY; e.ent = log((double)e.ninf); return e; }
+    if (e.m == -INFINITY) return e;
+    for (int64_t k = 0; k < j->n_cols; k++) {
+        double d = lm_cap(j, lm_load1(p, j->dtype, k)) - e.m;
+        if (d == -INFINITY) continue;
+        s += exp(d);
+        t += exp(d) * d;
+    }
+    e.lse = e.m + log(s);
+    e.ent = log(s) - t / s;
+    return e;
+}
+
+/* log of the probability of entry k under a side */
+static double lm_exact_logp(const lm_job *j, const lm_exact *e, const void *p, int64_t k) {
+    double v = lm_cap(j, lm_load1(p, j->dtype, k));
+    if (e->ninf) return v == INFINITY ? -log((double)e->ninf) : -INFINITY;
+    return v - e->lse;
+}
+
+static int lm_row_exact(const lm_ctx *x, int64_t i) {
+    const lm_job *j = x->job;
+    const char *z = lm_row(x, &j->logits, i), *r = j->ref.base ? lm_row(x, &j->ref, i) : NULL;
+    lm_exact ez = lm_exact_side(j, z), er;
+    if (ez.nan) return LM_ERR_NAN;
+    if (ez.m == -INFINITY && !ez.ninf) return LM_ERR_EMPTY;
+    if (j->nll) j->nll[i] = -lm_exact_logp(j, &ez, z, j->targets[i]);
+    if (j->entropy) j->entropy[i] = ez.ent;
+    if (j->argmax) j->argmax[i] = ez.amax;
+    if (!r) return LM_OK;
+    er = lm_exact_side(j, r);
+    if (er.nan) return LM_ERR_NAN_REF;
+    if (er.m == -INFINITY && !er.ninf) return LM_ERR_EMPTY_REF;
+    if (j->ref_argmax) j->ref_argmax[i] = er.amax;
+    if (j->kl) {
+        double kl = 0.0;
+        for (int64_t k = 0; k < j->n_cols; k++) {
+            double lp = lm_exact_logp(j, &er, r, k);
+            if (lp > -INFINITY) kl += exp(lp) * (lp - lm_exact_logp(j, &ez, z, k));
+        }
+        j->kl[i] = kl;
+    }
+    return LM_OK;
+}
+
+static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
+    const lm_job *j = x->job;
+    if (st->nan_found & 1 || isnan(st->s) || isnan(st->t)) return LM_ERR_NAN;
+    if (st->posinf) return lm_row_exact(x, i);
+    if (st->m == -INFINITY) return LM_ERR_EMPTY;
+    if (j->ref.base) {
+        if (st->nan_found & 2 || isnan(st->rs) || isnan(st->c)) return LM_ERR_NAN_REF;
+        if (st->rm == -INFINITY) return LM_ERR_EMPTY_REF;
+    }
+    double ls = log(st->s);
+    if (j->nll) {
+        const char *z = lm_row(x, &j->logits, i);
+        j->nll[i] = st->m + ls - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]));
+    }
+    if (j->entropy) j->entropy[i] = ls - st->t / st->s;
+    if (j->argmax) j->argmax[i] = st->amax;
+    if (j->kl) j->kl[i] = st->c / st->rs - (st->rm + log(st->rs)) + (st->m + ls);
+    if (j->ref_argmax) j->ref_argmax[i] = st->ramax;
+    return LM_OK;
+}
+
+static void lm_skip(const lm_job *j, int64_t i) {
+    if (j->nll) j->nll[i] = 0.0;
+    if (j->entropy) j->entropy[i] = 0.0;
+    if (j->argmax) j->argmax[i] = -1;
+    if (j->kl) j->kl[i] = 0.0;
+    if (j->ref_argmax) j->ref_argmax[i] = -1;
+}
+
+static int lm_whole_row(const lm_ctx *x, int64_t i) {
+    lm_state acc, st;
+    if (!lm_counted(x->job, i)) { lm_skip(x->job, i); return LM_OK; }
+    lm_segment(x, i, 0, &acc);
+    for (int64_t s = 1; s < x->nseg; s++) {
+        lm_segment(x, i, s, &st);
+        lm_merge(&acc, &st, s * LM_SEGMENT);
+    }
+    return lm_finish(x, i, &acc);
+}
+
+int lm_run(const lm_job *j, int64_t *bad_row) {
+    lm_ctx x;
+    int64_t n = j->n_rows, work;
+    int nt, err = LM_OK;
+    unsigned char *status;
+
+    *bad_row = -1;
+    if (n < 0 || j->n_cols < 1 || j->rows_inner < 1 || j->dtype < 0 || j->dtype >= LM_NDTYPES ||
+        !j->logits.base || (j->nll && !j->targets) || ((j->kl || j->ref_argmax) && !j->ref.base))
+        return LM_ERR_ARGS;
+    if (n == 0) return LM_OK;
+    x.job = j;
+    x.fn = lm_kernel_for(lm_isa_active(), j->dtype);
+    x.es = lm_elsize(j->dtype);
+    x.nseg = (j->n_cols + LM_SEGMENT - 1) / LM_SEGMENT;
+    x.flags = (j->entropy || j->argmax || j->ref.base ? LM_WANT_ENT | LM_WANT_AMAX : 0) |
+              (j->ref.base ? LM_WANT_REF : 0) | (j->softcap > 0 ? LM_WANT_CAP : 0);
+
+    nt = j->num_threads > 0 ? j->num_threads : lm_max_threads();
+    work = n * j->n_cols * (j->ref.base ? 2 : 1);
+    if (work / LM_MIN_WORK_PER_THREAD < nt) nt = (int)(work / LM_MIN_WORK_PER_THREAD);
+    if (nt < 1) nt = 1;
+
+    status = (unsigned char *)calloc((size_t)n, 1);
+    if (!status) return LM_ERR_NOMEM;
+
+    if (nt > 1 && n < nt && x.nseg > 1) {
+        /* few long rows: split them into segments across threads */
+        int64_t items = n * x.nseg;
+        lm_state *sts = (lm_state *)malloc((size_t)items * sizeof(lm_state));
+        if (!sts) { free(status); return LM_ERR_NOMEM; }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+        for (int64_t k = 0; k < items; k++) {
+            if (lm_counted(j, k / x.nseg)) lm_segment(&x, k / x.nseg, k % x.nseg, &sts[k]);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            lm_state *acc = &sts[i * x.nseg];
+            if (!lm_counted(j, i)) { lm_skip(j, i); continue; }
+            for (int64_t s = 1; s < x.nseg; s++) lm_merge(acc, &sts[i * x.nseg + s], s * LM_SEGMENT);
+            status[i] = (unsigned char)lm_finish(&x, i, acc);
+        }
+        free(sts);
+    } else {
+        if (nt > n) nt = (int)n;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+#endif
+        for (int64_t i = 0; i < n; i++) status[i] = (unsigned char)lm_whole_row(&x, i);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (status[i]) { err = status[i]; *bad_row = i; break; }
+    }
+    free(status);
+    return err;
+}

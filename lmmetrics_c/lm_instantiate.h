@@ -1,0 +1,39 @@
+/* Instantiates lm_body.h for the 16- and 32-bit dtypes with the primitives
+ * of the lm_simd_*.h included before, and names the results
+ * lm_segment_<isa>_<dtype>. */
+#define LM_NAME3_(a, b, c) a##_##b##_##c
+#define LM_NAME3(a, b, c) LM_NAME3_(a, b, c)
+
+#define LM_ELEM float
+#define LM_ELEM_NEGINF (-INFINITY)
+#define LM_LOAD2 LM_LOAD2_F32
+#define LM_LANE_ELEM LM_LANE_F32
+#define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f32)
+#include "lm_body.h"
+#undef LM_ELEM
+#undef LM_ELEM_NEGINF
+#undef LM_LOAD2
+#undef LM_LANE_ELEM
+#undef LM_FN
+
+#define LM_ELEM uint16_t
+#define LM_ELEM_NEGINF ((uint16_t)0xfc00u)
+#define LM_LOAD2 LM_LOAD2_F16
+#define LM_LANE_ELEM LM_LANE_F16
+#define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f16)
+#include "lm_body.h"
+#undef LM_ELEM_NEGINF
+#undef LM_LOAD2
+#undef LM_LANE_ELEM
+#undef LM_FN
+
+#define LM_ELEM_NEGINF ((uint16_t)0xff80u)
+#define LM_LOAD2 LM_LOAD2_BF16
+#define LM_LANE_ELEM LM_LANE_BF16
+#define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, bf16)
+#include "lm_body.h"
+#undef LM_ELEM
+#undef LM_ELEM_NEGINF
+#undef LM_LOAD2
+#undef LM_LANE_ELEM
+#undef LM_FN

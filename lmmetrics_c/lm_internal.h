@@ -1,0 +1,83 @@
+/* Shared between the driver and the per-ISA translation units. */
+#ifndef LM_INTERNAL_H
+#define LM_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include "lm_kernel.h"
+
+/* A row is processed in fixed segments so that a long row can be split
+ * across threads and the result is the same bits for any thread count. */
+#define LM_SEGMENT 32768
+/* Inside a segment: blocks that stay in L1 while the next one streams in. */
+#define LM_BLOCK 4096
+#define LM_PREFETCH_BYTES 16384
+
+/* The state of one segment (or a merged row). Model side: m = max,
+ * s = sum exp(z - m), t = sum exp(z - m) * (z - m), amax = first argmax.
+ * Reference side: rm, rs, ramax likewise; c = sum exp(r - rm) * (r - z).
+ * posinf: the segment holds +inf (the row takes the exact slow path). */
+typedef struct {
+    double m, s, t;
+    double rm, rs, c;
+    int64_t amax, ramax;
+    int posinf, nan_found;
+} lm_state;
+
+enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
+
+typedef void (*lm_segment_fn)(const void *z, const void *r, int64_t n, int flags,
+                              float cap, const void *next, lm_state *st);
+
+/* Scalar element loads, used for targets, argmax searches and slow paths. */
+static inline float lm_bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float lm_f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline double lm_load1(const void *p, int dtype, int64_t i) {
+    switch (dtype) {
+    case LM_F32: return ((const float *)p)[i];
+    case LM_F64: return ((const double *)p)[i];
+    case LM_F16: return lm_f16_to_float(((const uint16_t *)p)[i]);
+    default: return lm_bf16_to_float(((const uint16_t *)p)[i]);
+    }
+}
+
+static inline size_t lm_elsize(int dtype) {
+    return dtype == LM_F64 ? 8 : dtype == LM_F32 ? 4 : 2;
+}
+
+/* Each ISA unit exports a table of segment kernels indexed by dtype
+ * (NULL where the unit has none; f64 always runs the scalar unit). */
+extern const lm_segment_fn lm_kernels_scalar[LM_NDTYPES];
+#ifdef LM_HAVE_AVX2
+extern const lm_segment_fn lm_kernels_avx2[LM_NDTYPES];
+#endif
+#ifdef LM_HAVE_AVX512
+extern const lm_segment_fn lm_kernels_avx512[LM_NDTYPES];
+#endif
+
+#endif

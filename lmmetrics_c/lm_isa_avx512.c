@@ -1,0 +1,7 @@
+/* The AVX-512F kernels; built with -mavx512f only. */
+#include "lm_internal.h"
+#include "lm_simd_avx512.h"
+#include "lm_instantiate.h"
+
+const lm_segment_fn lm_kernels_avx512[LM_NDTYPES] = {
+    [LM_F32] = segment_avx512_f32, [LM_F16] = segment_avx512_f16, [LM_BF16] = segment_avx512_bf16};

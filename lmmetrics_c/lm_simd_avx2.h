@@ -1,0 +1,46 @@
+/* AVX2 + FMA + F16C primitives for lm_body.h (8 float lanes). */
+#include <immintrin.h>
+
+#define LM_ISA_TAG avx2
+typedef __m256 VF;
+typedef float LANE_T;
+#define VW 8
+#define v_set1(x) _mm256_set1_ps((float)(x))
+#define v_add _mm256_add_ps
+#define v_sub _mm256_sub_ps
+#define v_mul _mm256_mul_ps
+#define v_div _mm256_div_ps
+#define v_fma _mm256_fmadd_ps
+/* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
+#define v_max _mm256_max_ps
+#define v_store _mm256_storeu_ps
+#define v_abs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
+#define v_copysign(mag, s)                                                     \
+    _mm256_or_ps(v_abs(mag), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
+#define v_round(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* p * 2^n for integral n in [-127, 0] */
+#define v_ldexp(p, n)                                                          \
+    _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(                    \
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
+#define v_sel_n0(n, a, b)                                                      \
+    _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
+#define v_zero_neginf(x, r)                                                    \
+    _mm256_and_ps(x, _mm256_cmp_ps(r, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ))
+
+#define LM_LOAD2_F32(p, a, b)                                                  \
+    do { a = _mm256_loadu_ps(p); b = _mm256_loadu_ps((p) + 8); } while (0)
+#define LM_LANE_F32(k) (k)
+#define LM_LOAD2_F16(p, a, b)                                                  \
+    do {                                                                       \
+        a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));            \
+        b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((p) + 8)));      \
+    } while (0)
+#define LM_LANE_F16(k) (k)
+/* 16 bf16 in one load: even elements by a shift, odd ones by a mask */
+#define LM_LOAD2_BF16(p, a, b)                                                 \
+    do {                                                                       \
+        __m256i x_ = _mm256_loadu_si256((const __m256i *)(p));                 \
+        a = _mm256_castsi256_ps(_mm256_slli_epi32(x_, 16));                    \
+        b = _mm256_castsi256_ps(_mm256_and_si256(x_, _mm256_set1_epi32((int)0xffff0000u))); \
+    } while (0)
+#define LM_LANE_BF16(k) ((k) < 8 ? 2 * (k) : 2 * ((k) - 8) + 1)

@@ -1,0 +1,45 @@
+/* AVX-512F primitives for lm_body.h (16 float lanes). */
+#include <immintrin.h>
+
+#define LM_ISA_TAG avx512
+typedef __m512 VF;
+typedef float LANE_T;
+#define VW 16
+#define v_set1(x) _mm512_set1_ps((float)(x))
+#define v_add _mm512_add_ps
+#define v_sub _mm512_sub_ps
+#define v_mul _mm512_mul_ps
+#define v_div _mm512_div_ps
+#define v_fma _mm512_fmadd_ps
+/* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
+#define v_max _mm512_max_ps
+#define v_store _mm512_storeu_ps
+#define v_abs(x) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x),  \
+    _mm512_set1_epi32(0x7fffffff)))
+#define v_copysign(mag, s) _mm512_castsi512_ps(_mm512_or_si512(                \
+    _mm512_castps_si512(v_abs(mag)), _mm512_and_si512(_mm512_castps_si512(s),  \
+    _mm512_set1_epi32((int)0x80000000u))))
+#define v_round(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define v_ldexp(p, n) _mm512_scalef_ps(p, n)
+#define v_sel_n0(n, a, b)                                                      \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
+#define v_zero_neginf(x, r)                                                    \
+    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), x)
+
+#define LM_LOAD2_F32(p, a, b)                                                  \
+    do { a = _mm512_loadu_ps(p); b = _mm512_loadu_ps((p) + 16); } while (0)
+#define LM_LANE_F32(k) (k)
+#define LM_LOAD2_F16(p, a, b)                                                  \
+    do {                                                                       \
+        a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)));         \
+        b = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((p) + 16)));  \
+    } while (0)
+#define LM_LANE_F16(k) (k)
+/* 32 bf16 in one load: even elements by a shift, odd ones by a mask */
+#define LM_LOAD2_BF16(p, a, b)                                                 \
+    do {                                                                       \
+        __m512i x_ = _mm512_loadu_si512((const void *)(p));                    \
+        a = _mm512_castsi512_ps(_mm512_slli_epi32(x_, 16));                    \
+        b = _mm512_castsi512_ps(_mm512_and_si512(x_, _mm512_set1_epi32((int)0xffff0000u))); \
+    } while (0)
+#define LM_LANE_BF16(k) ((k) < 16 ? 2 * (k) : 2 * ((k) - 16) + 1)

@@ -1,0 +1,47 @@
+/* Portable primitives for lm_body.h: one lane of LANE_T (float, or double
+ * with LM_LIBM_EXP for float64 input). Re-includable with another lane. */
+#undef VW
+#undef v_set1
+#undef v_add
+#undef v_sub
+#undef v_mul
+#undef v_div
+#undef v_fma
+#undef v_max
+#undef v_store
+#undef v_abs
+#undef v_copysign
+#undef v_round
+#undef v_ldexp
+#undef v_sel_n0
+#undef v_zero_neginf
+
+#define LM_ISA_TAG scalar
+#define VF LANE_T
+#define VW 1
+#define v_set1(x) ((LANE_T)(x))
+#define v_add(a, b) ((a) + (b))
+#define v_sub(a, b) ((a) - (b))
+#define v_mul(a, b) ((a) * (b))
+#define v_div(a, b) ((a) / (b))
+#define v_fma(a, b, c) ((a) * (b) + (c))
+/* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
+#define v_max(a, b) ((a) > (b) ? (a) : (b))
+#define v_store(p, v) (*(p) = (v))
+#define v_abs(x) ((LANE_T)fabs(x))
+#define v_copysign(m, s) ((LANE_T)copysign(m, s))
+#define v_round(x) ((LANE_T)rint(x))
+#define v_ldexp(p, n) ((n) == (n) ? (LANE_T)ldexp(p, (int)(n)) : (n))
+#define v_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
+#define v_zero_neginf(x, r) ((r) == -INFINITY ? (LANE_T)0 : (x))
+
+#define LM_LOAD2_F32(p, a, b) do { a = (p)[0]; b = (p)[1]; } while (0)
+#define LM_LANE_F32(k) (k)
+#define LM_LOAD2_F16(p, a, b)                                                  \
+    do { a = lm_f16_to_float((p)[0]); b = lm_f16_to_float((p)[1]); } while (0)
+#define LM_LANE_F16(k) (k)
+#define LM_LOAD2_BF16(p, a, b)                                                 \
+    do { a = lm_bf16_to_float((p)[0]); b = lm_bf16_to_float((p)[1]); } while (0)
+#define LM_LANE_BF16(k) (k)
+#define LM_LOAD2_F64(p, a, b) do { a = (p)[0]; b = (p)[1]; } while (0)
+#define LM_LANE_F64(k) (k)

@@ -1,0 +1,136 @@
+"""The one path from Python to the native core.
+
+Every metric calls :func:`run`, which validates arguments with the GIL held,
+allocates the per-row float64 outputs, calls the core once (GIL released,
+OpenMP inside) and raises a clear exception for bad rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _core
+from ._inputs import Logits, _position, as_logits, as_targets
+
+_ERRORS = {
+    1: "NaN in {name} at row {row} (position {pos})",
+    2: "NaN in reference_logits at row {row} (position {pos})",
+    3: "{name} row {row} (position {pos}) is all -inf: it holds no distribution",
+    4: "reference_logits row {row} (position {pos}) is all -inf: it holds no distribution",
+}
+
+
+@dataclass
+class RowResults:
+    """Per-row outputs of one pass (numpy, float64 / int64, flattened rows)."""
+
+    logits: Logits
+    targets: Optional[np.ndarray]  # int64, flattened; None without targets
+    counted: np.ndarray            # bool mask of counted rows
+    nll: Optional[np.ndarray] = None
+    entropy: Optional[np.ndarray] = None
+    argmax: Optional[np.ndarray] = None
+    kl: Optional[np.ndarray] = None
+    ref_argmax: Optional[np.ndarray] = None
+
+
+def check_threads(num_threads: Optional[int]) -> int:
+    if num_threads is None:
+        return 0
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive integer or None, got {num_threads!r}")
+    return int(num_threads)
+
+
+def check_softcap(softcap: Optional[float]) -> float:
+    if softcap is None:
+        return 0.0
+    c = float(softcap)
+    if not c > 0 or c == float("inf"):
+        raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
+    return c
+
+
+def check_ignore_index(ignore_index: Any) -> int:
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
+    return int(ignore_index)
+
+
+def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: int = -100,
+        softcap: Optional[float] = None, num_threads: Optional[int] = None,
+        nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False) -> RowResults:
+    """One read of the logits (and reference logits) computing what is asked."""
+    threads = check_threads(num_threads)
+    cap = check_softcap(softcap)
+    ignore = check_ignore_index(ignore_index)
+    lg = as_logits(logits)
+    ref = None
+    if reference is not None:
+        ref = as_logits(reference, "reference_logits")
+        if ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
+            raise ValueError(
+                f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
+                f"logits shape {lg.lead_shape + (lg.n_cols,)}")
+        if ref.dtype != lg.dtype:
+            raise TypeError(
+                f"reference_logits dtype {ref.dtype} differs from logits dtype {lg.dtype}; "
+                f"convert one of them so that both match")
+        lg, ref = _same_layout(lg, ref)
+    if targets is not None:
+        tgt, counted = as_targets(targets, lg, ignore)
+    else:
+        if nll:
+            raise ValueError("targets are required for the NLL")
+        tgt, counted = None, np.ones(lg.n_rows, dtype=bool)
+
+    n = lg.n_rows
+    out = RowResults(lg, tgt, counted)
+    out.nll = np.empty(n, np.float64) if nll else None
+    out.entropy = np.empty(n, np.float64) if entropy else None
+    out.argmax = np.empty(n, np.int64) if argmax else None
+    out.kl = np.empty(n, np.float64) if kl else None
+    out.ref_argmax = np.empty(n, np.int64) if (ref is not None and argmax) else None
+    if n == 0:
+        return out
+
+    def ptr(a):
+        return 0 if a is None else a.__array_interface__["data"][0]
+
+    status, bad = _core.run(
+        lg.dtype_code, n, lg.n_cols, lg.rows_inner,
+        lg.ptr, lg.row_stride, lg.outer_stride,
+        ref.ptr if ref else 0, ref.row_stride if ref else 0, ref.outer_stride if ref else 0,
+        ptr(tgt), ignore, cap,
+        ptr(out.nll), ptr(out.entropy), ptr(out.argmax), ptr(out.kl), ptr(out.ref_argmax),
+        threads)
+    if status in _ERRORS:
+        raise ValueError(_ERRORS[status].format(name="logits", row=bad, pos=_position(bad, out.logits.lead_shape)))
+    if status == 6:
+        raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
+    if status != 0:
+        raise RuntimeError(f"lmmetrics: internal error {status} in the native core")
+    return out
+
+
+def _regroup(x: Logits, rows_inner: int) -> Logits:
+    """The same rows as x, grouped by rows_inner (x must be one group)."""
+    return replace(x, rows_inner=rows_inner, outer_stride=rows_inner * x.row_stride)
+
+
+def _same_layout(lg: Logits, ref: Logits):
+    """The core takes one row grouping for both buffers: regroup a one-group
+    buffer to the other's grouping, or copy the reference contiguous."""
+    if ref.rows_inner == lg.rows_inner or lg.n_rows == 0:
+        return lg, ref
+    if ref.rows_inner == ref.n_rows:
+        return lg, _regroup(ref, lg.rows_inner)
+    if lg.rows_inner == lg.n_rows:
+        return _regroup(lg, ref.rows_inner), ref
+    return lg, _regroup(as_logits(_contiguous(ref.keep), "reference_logits"), lg.rows_inner)
+
+
+def _contiguous(x):
+    return x.contiguous() if hasattr(x, "contiguous") else np.ascontiguousarray(x)

@@ -1,0 +1,175 @@
+"""Turning user arrays into what the native core reads, without copies.
+
+Logits may be numpy arrays (float32, float64, float16, ml_dtypes.bfloat16),
+anything ``np.asarray`` accepts, or torch CPU tensors of the same dtypes.
+Only the vocabulary axis must be contiguous; the leading axes may be strided
+(``logits[:, :-1]``) and are described to the core by two strides.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+
+_NUMPY_DTYPES = {"float32", "float64", "float16", "bfloat16"}
+
+
+def is_torch(x: Any) -> bool:
+    """True for a torch.Tensor, without importing torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cuda(x: Any) -> bool:
+    return is_torch(x) and x.device.type != "cpu"
+
+
+@dataclass
+class Logits:
+    """A logits buffer as the core sees it: rows of n_cols contiguous values."""
+
+    keep: Any  # the array or tensor that owns the memory
+    ptr: int
+    dtype: str
+    lead_shape: Tuple[int, ...]
+    n_cols: int
+    n_rows: int
+    rows_inner: int
+    row_stride: int
+    outer_stride: int
+    torch: bool
+
+    @property
+    def dtype_code(self) -> int:
+        return _core.DTYPES[self.dtype]
+
+
+def _collapse(shape, strides):
+    """Leading axes as (n_rows, rows_inner, row_stride, outer_stride), or None
+    when they cannot be written with two strides."""
+    dims = []
+    for n, s in zip(shape, strides):
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == s * n:
+            dims[-1] = (dims[-1][0] * n, s)
+        else:
+            dims.append((n, s))
+    if not dims:
+        return 1, 1, 0, 0
+    if len(dims) == 1:
+        return dims[0][0], dims[0][0], dims[0][1], 0
+    if len(dims) == 2:
+        (no, so), (ni, si) = dims
+        return no * ni, ni, si, so
+    return None
+
+
+def as_logits(x: Any, name: str = "logits") -> Logits:
+    if is_torch(x):
+        return _torch_logits(x, name)
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.name not in _NUMPY_DTYPES:
+        if a.dtype.kind in "fc" or a.dtype.kind in "biuO":
+            raise TypeError(
+                f"{name} must be float32, float64, float16 or bfloat16, got dtype {a.dtype}")
+        raise TypeError(f"{name} must be a floating-point array, got dtype {a.dtype}")
+    if a.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
+    item = a.itemsize
+    if (a.shape[-1] > 1 and a.strides[-1] != item) or any(s % item for s in a.strides):
+        a = np.ascontiguousarray(a)
+    strides = tuple(s // item for s in a.strides[:-1])
+    return _describe(a, a.__array_interface__["data"][0], a.dtype.name, a.shape, strides, False, name)
+
+
+def _torch_logits(x, name):
+    import torch
+
+    names = {torch.float32: "float32", torch.float64: "float64",
+             torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    if x.dtype not in names:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
+    x = x.detach()
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        x = x.contiguous()
+    return _describe(x, x.data_ptr(), names[x.dtype], tuple(x.shape), tuple(x.stride()[:-1]), True, name)
+
+
+def _describe(keep, ptr, dtype, shape, lead_strides, torch, name):
+    shape = tuple(int(n) for n in shape)
+    if shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
+    rows = _collapse(shape[:-1], lead_strides)
+    if rows is None:  # three or more non-mergeable strided axes: one copy
+        if torch:
+            keep = keep.contiguous()
+            ptr = keep.data_ptr()
+        else:
+            keep = np.ascontiguousarray(keep)
+            ptr = keep.__array_interface__["data"][0]
+        rows = _collapse(shape[:-1], _contiguous_strides(shape))
+    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    _, rows_inner, row_stride, outer_stride = rows
+    return Logits(keep, ptr, dtype, shape[:-1], shape[-1], n_rows, rows_inner,
+                  row_stride, outer_stride, torch)
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))[:-1]
+
+
+def as_index_array(x: Any, name: str) -> np.ndarray:
+    """An integer array (numpy or torch CPU/CUDA) as numpy, or TypeError."""
+    if is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    return a
+
+
+def as_targets(targets: Any, logits: Logits, ignore_index: int):
+    """Targets as contiguous int64 of n_rows, and the mask of counted rows.
+    Negative targets and ignore_index are ignored; a target >= vocab is an error."""
+    t = as_index_array(targets, "targets")
+    if t.shape != logits.lead_shape:
+        raise ValueError(
+            f"targets shape {t.shape} does not match the logits shape without its "
+            f"vocabulary axis {logits.lead_shape}")
+    flat = t.reshape(-1)
+    over = flat >= logits.n_cols
+    if over.any():
+        i = int(np.argmax(over))
+        raise ValueError(
+            f"target {int(flat[i])} at position {_position(i, logits.lead_shape)} is out of "
+            f"range for a vocabulary of {logits.n_cols}")
+    flat = np.ascontiguousarray(flat, dtype=np.int64)
+    counted = (flat >= 0) & (flat != ignore_index)
+    return flat, counted
+
+
+def as_table(table: Any, n_cols: int, name: str) -> np.ndarray:
+    """A per-token-id count table (bytes or characters) of length n_cols."""
+    a = as_index_array(table, name)
+    if a.ndim != 1 or a.shape[0] != n_cols:
+        raise ValueError(
+            f"{name} must be a 1-D table of length {n_cols} (the vocabulary size), "
+            f"got shape {a.shape}")
+    if a.size and a.min() < 0:
+        raise ValueError(f"{name} holds a negative count at token id {int(np.argmin(a))}")
+    return a.astype(np.int64, copy=False)
+
+
+def _position(i: int, lead_shape) -> Optional[tuple]:
+    return tuple(int(k) for k in np.unravel_index(i, lead_shape)) if lead_shape else ()

@@ -1,0 +1,72 @@
+"""Information measures over explicit probability vectors (last axis).
+
+``0 log 0 = 0``. Inputs must be non-negative and each row must sum to 1
+within ``atol``; otherwise ValueError. Results are in units of ``base``
+(2: bits, e: nats), one value per row (a float for a 1-D input).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
+
+
+def _dist(p, name: str, atol: float) -> np.ndarray:
+    a = np.asarray(p, dtype=np.float64)
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last axis of probabilities")
+    if np.isnan(a).any():
+        raise ValueError(f"{name} contains NaN")
+    if (a < 0).any():
+        raise ValueError(f"{name} has negative entries")
+    sums = a.sum(axis=-1)
+    bad = np.abs(sums - 1.0) > atol
+    if bad.any():
+        raise ValueError(f"{name} rows must sum to 1 (within {atol}); a row sums to {float(sums[bad].flat[0])!r}")
+    return a
+
+
+def _log(base: float) -> float:
+    b = float(base)
+    if not b > 0 or b == 1:
+        raise ValueError(f"base must be positive and not 1, got {base!r}")
+    return math.log(b)
+
+
+def _out(x: np.ndarray):
+    return float(x) if x.ndim == 0 else x
+
+
+def _xlogy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x * log(y) with 0 * log(anything) = 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0, x * np.log(np.where(x > 0, y, 1.0)), 0.0)
+
+
+def entropy(p, base: float = 2, *, atol: float = 1e-6):
+    """H(P) = -sum p log p."""
+    a = _dist(p, "p", atol)
+    return _out(-_xlogy(a, a).sum(axis=-1) / _log(base))
+
+
+def cross_entropy(p, q, base: float = 2, *, atol: float = 1e-6):
+    """CE(P, Q) = -sum p log q (inf where q = 0 < p)."""
+    a, b = _dist(p, "p", atol), _dist(q, "q", atol)
+    if a.shape != b.shape:
+        raise ValueError(f"p and q must have the same shape, got {a.shape} and {b.shape}")
+    return _out(-_xlogy(a, b).sum(axis=-1) / _log(base))
+
+
+def kl_divergence(p, q, base: float = 2, *, atol: float = 1e-6):
+    """D_KL(P || Q) = sum p log(p / q) = CE(P, Q) - H(P) (inf where q = 0 < p)."""
+    a, b = _dist(p, "p", atol), _dist(q, "q", atol)
+    if a.shape != b.shape:
+        raise ValueError(f"p and q must have the same shape, got {a.shape} and {b.shape}")
+    return _out((_xlogy(a, a) - _xlogy(a, b)).sum(axis=-1) / _log(base))
+
+
+def perplexity(p, base: float = 2, *, atol: float = 1e-6):
+    """base ** H(P): the effective number of equally likely outcomes."""
+    return _out(np.power(float(base), np.asarray(entropy(p, base, atol=atol))))
