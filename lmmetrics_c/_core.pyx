@@ -3,7 +3,7 @@
 lm_job and runs it with the GIL released. All validation happens in the
 Python package before this is called; pointers arrive as integers."""
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 cdef extern from "lm_kernel.h" nogil:
     ctypedef struct lm_buffer:
@@ -34,6 +34,7 @@ cdef extern from "lm_kernel.h" nogil:
     const char *lm_isa_name(int isa)
     int lm_openmp()
     int lm_max_threads()
+    uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads)
 
 cdef extern from *:
     """
@@ -113,3 +114,12 @@ def openmp():
 
 def max_threads():
     return lm_max_threads()
+
+
+def read_pass(uintptr_t ptr, int64_t nbytes, int num_threads=0):
+    """Read nbytes at ptr once (OR of 64-bit words): the memory-speed
+    yardstick for benchmarks. The caller keeps the buffer alive."""
+    cdef uint64_t acc
+    with nogil:
+        acc = lm_read_pass(<const void *>ptr, nbytes, num_threads)
+    return acc

@@ -2,7 +2,7 @@
  * pass over memory. Included once per (ISA, dtype) by lm_instantiate.h after
  * an lm_simd_*.h header has defined the vector primitives:
  *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma, v_max, v_abs,
- *   v_copysign, v_round, v_ldexp, v_sel_n0, v_zero_neginf, v_store
+ *   v_copysign, v_scale, v_sel_n0, v_zero_neginf, v_store,
  * and the dtype macros:
  *   LM_ELEM (storage type), LM_ELEM_NEGINF, LM_DT (enum lm_dtype),
  *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
@@ -17,6 +17,8 @@
  */
 
 #define LM_STEP (2 * VW)
+/* block length: at most 4096 elements and 256 per float lane accumulator */
+#define LM_BLK (256 * LM_STEP < LM_BLOCK ? 256 * LM_STEP : LM_BLOCK)
 
 #ifndef LM_BODY_ONCE
 #define LM_BODY_ONCE
@@ -30,31 +32,35 @@
 LM_INLINE VF LM_FN(exp_)(VF x) { return exp(x); }
 LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return c * tanh(x / c); }
 #else
-#define LM_EXP_LO (-87.33654f)
-/* exp(x) for x in [LM_EXP_LO, 0] (x clamped by the caller); NaN stays NaN.
- * Cody-Waite reduction and a degree-5 polynomial: max 2.4 ulp. */
-#define LM_EXP_POLY(r)                                                         \
-    v_fma(v_fma(v_fma(v_fma(v_set1(0.008312525227665901f), r,                  \
-        v_set1(0.041890114545822144f)), r, v_set1(0.16667114198207855f)), r,   \
-        v_set1(0.499992311000824f)), r, v_set1(1.0f))
+#define LM_EXP_LO (-86.0f)
+#define LM_MAGIC 12582912.0f /* 1.5 * 2^23: t = x / ln2 + MAGIC holds round(x / ln2) in its low bits */
+/* exp(x) for x in [LM_EXP_LO, 0] (x clamped by the caller): Cody-Waite
+ * reduction and a degree-5 polynomial, max 2.4 ulp. NaN in x gives an
+ * unspecified value: the caller tracks NaN on its own. */
+/* e^r = 1 + r + r^2 * D(r), D = c2 + c3 r + c4 r^2 + c5 r^3, by Estrin's
+ * scheme (short dependency chains keep more iterations in flight) */
+#define LM_EXP_D(r, r2)                                                        \
+    v_fma(v_fma(v_set1(0.008312525227665901f), r, v_set1(0.041890114545822144f)), r2, \
+          v_fma(v_set1(0.16667114198207855f), r, v_set1(0.499992311000824f)))
 LM_INLINE VF LM_FN(exp_)(VF x) {
-    VF n = v_round(v_mul(x, v_set1(1.44269504088896341f)));
-    VF r = v_fma(n, v_set1(-0.693359375f), x);
-    r = v_fma(n, v_set1(2.12194440e-4f), r);
-    VF p = v_fma(LM_EXP_POLY(r), r, v_set1(1.0f));
-    return v_ldexp(p, n);
+    VF t = v_fma(x, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
+    VF r = v_fma(v_sub(t, v_set1(LM_MAGIC)), v_set1(-0.69314718055994531f), x);
+    VF r2 = v_mul(r, r);
+    return v_scale(v_fma(LM_EXP_D(r, r2), r2, v_add(r, v_set1(1.0f))), t);
 }
 /* softcap: c * tanh(x / c) = sign(x) * c * (-em1 / (2 + em1)),
  * em1 = expm1(-2|x|/c), accurate near 0 (the n == 0 branch skips the 1). */
 LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
     VF y = v_max(v_set1(LM_EXP_LO), v_mul(v_abs(v_mul(x, ic)), v_set1(-2.0f)));
-    VF n = v_round(v_mul(y, v_set1(1.44269504088896341f)));
+    VF t = v_fma(y, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
+    VF n = v_sub(t, v_set1(LM_MAGIC));
     VF r = v_fma(n, v_set1(-0.693359375f), y);
     r = v_fma(n, v_set1(2.12194440e-4f), r);
-    VF q = v_mul(LM_EXP_POLY(r), r);               /* e^r - 1 */
-    VF em1 = v_sel_n0(n, q, v_sub(v_ldexp(v_add(q, v_set1(1.0f)), n), v_set1(1.0f)));
-    VF t = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
-    return v_copysign(v_mul(t, c), x);
+    VF r2 = v_mul(r, r);
+    VF q = v_fma(LM_EXP_D(r, r2), r2, r);           /* e^r - 1 */
+    VF em1 = v_sel_n0(n, q, v_sub(v_scale(v_add(q, v_set1(1.0f)), t), v_set1(1.0f)));
+    VF tnh = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
+    return v_copysign(v_mul(tnh, c), x);
 }
 #endif
 
@@ -110,7 +116,7 @@ LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, int cap
 }
 
 /* Accumulators of one block, in double. */
-typedef struct { double s, t, rs, c; LANE_T nmax, nrmax; } LM_FN(acc_);
+typedef struct { double s, t, rs, c; LANE_T nmax, nrmax; int nan; } LM_FN(acc_);
 
 /* One block: exp sums of (z, r)[0, len) against the maxima (M, RM), fused
  * with the max of the next block (zn, rn)[0, nlen), nlen <= len; when there
@@ -124,7 +130,8 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     const VF zero = v_set1(0.0f);
     VF s0 = zero, s1 = zero, t0 = zero, t1 = zero;
     VF rs0 = zero, rs1 = zero, c0 = zero, c1 = zero;
-    VF mx0 = v_set1(-INFINITY), mx1 = mx0, rmx0 = mx0, rmx1 = mx0;
+    VF mx = v_set1(-INFINITY), rmx = mx;
+    VF nz = zero, nr = zero; /* sums of the clamped differences: NaN-sticky */
     int64_t j = 0;
 
 #define LM_EXP_STEP()                                                          \
@@ -133,16 +140,20 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         LM_LOADC(z + j, za, zb);                                               \
         da = v_max(lo, v_sub(za, vm));                                         \
         db = v_max(lo, v_sub(zb, vm));                                         \
+        if (!ent) nz = v_add(nz, v_add(da, db));                               \
         ea = LM_FN(exp_)(da);                                                  \
         eb = LM_FN(exp_)(db);                                                  \
         s0 = v_add(s0, ea);                                                    \
         s1 = v_add(s1, eb);                                                    \
         if (ent) { t0 = v_fma(ea, da, t0); t1 = v_fma(eb, db, t1); }           \
         if (ref) {                                                             \
-            VF ra, rb, era, erb;                                               \
+            VF ra, rb, dra, drb, era, erb;                                             \
             LM_LOADC(r + j, ra, rb);                                           \
-            era = LM_FN(exp_)(v_max(lo, v_sub(ra, vrm)));                      \
-            erb = LM_FN(exp_)(v_max(lo, v_sub(rb, vrm)));                      \
+            dra = v_max(lo, v_sub(ra, vrm));                                   \
+            drb = v_max(lo, v_sub(rb, vrm));                                   \
+            nr = v_add(nr, v_add(dra, drb));                                   \
+            era = LM_FN(exp_)(dra);                                            \
+            erb = LM_FN(exp_)(drb);                                            \
             rs0 = v_add(rs0, era);                                             \
             rs1 = v_add(rs1, erb);                                             \
             c0 = v_fma(era, v_zero_neginf(v_sub(ra, za), ra), c0);             \
@@ -154,13 +165,11 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         VF a, b;
         LM_LOADC(zn + j, a, b);
         __builtin_prefetch((const char *)(zn + j) + LM_PREFETCH_BYTES, 0, 3);
-        mx0 = v_max(a, mx0);
-        mx1 = v_max(b, mx1);
+        mx = v_max(v_max(a, b), mx);
         if (ref) {
             LM_LOADC(rn + j, a, b);
             __builtin_prefetch((const char *)(rn + j) + LM_PREFETCH_BYTES, 0, 3);
-            rmx0 = v_max(a, rmx0);
-            rmx1 = v_max(b, rmx1);
+            rmx = v_max(v_max(a, b), rmx);
         }
         LM_EXP_STEP();
     }
@@ -174,8 +183,10 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     out->t = ent ? LM_FN(hsum_)(v_add(t0, t1)) : 0.0;
     out->rs = ref ? LM_FN(hsum_)(v_add(rs0, rs1)) : 0.0;
     out->c = ref ? LM_FN(hsum_)(v_add(c0, c1)) : 0.0;
-    out->nmax = LM_FN(hmax_)(v_max(mx0, mx1));
-    out->nrmax = ref ? LM_FN(hmax_)(v_max(rmx0, rmx1)) : (LANE_T)-INFINITY;
+    out->nmax = LM_FN(hmax_)(mx);
+    out->nrmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
+    /* d = max(lo, z - m) is finite unless z is NaN, and so are their sums */
+    out->nan = (isnan(ent ? out->t : LM_FN(hsum_)(nz)) ? 1 : 0) | (ref && isnan(LM_FN(hsum_)(nr)) ? 2 : 0);
 }
 
 /* Raise the running max of one side to bm (entropy sums shift with it). */
@@ -193,7 +204,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int capped, float cap, const void *next,
                                 lm_state *st) {
     const VF vc = v_set1(capped ? cap : 1.0f), vic = v_set1(capped ? 1.0f / cap : 1.0f);
-    const int64_t nv = n - n % LM_STEP, nmain = (nv + LM_BLOCK - 1) / LM_BLOCK;
+    const int64_t nv = n - n % LM_STEP, nmain = (nv + LM_BLK - 1) / LM_BLK;
     const int64_t nblocks = nmain + (nv < n);
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
     double M = -INFINITY, S = 0.0, T = 0.0, RM = -INFINITY, RS = 0.0, C = 0.0;
@@ -210,8 +221,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #define LM_BLOCK_AT(k, zp, rp, len)                                            \
     do {                                                                       \
         if ((k) < nmain) {                                                     \
-            zp = z + (k) * LM_BLOCK; rp = ref ? r + (k) * LM_BLOCK : NULL;     \
-            len = nv - (k) * LM_BLOCK < LM_BLOCK ? nv - (k) * LM_BLOCK : LM_BLOCK; \
+            zp = z + (k) * LM_BLK; rp = ref ? r + (k) * LM_BLK : NULL;         \
+            len = nv - (k) * LM_BLK < LM_BLK ? nv - (k) * LM_BLK : LM_BLK;     \
         } else { zp = tz; rp = tr; len = LM_STEP; }                            \
     } while (0)
 
@@ -224,7 +235,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     }
     for (int64_t k = 0; k < nblocks; k++) {
         const LM_ELEM *zp, *rp, *zn = NULL, *rn = NULL;
-        int64_t len, nlen = 0, start = k * LM_BLOCK;
+        int64_t len, nlen = 0, start = k < nmain ? k * LM_BLK : nv;
         LM_FN(acc_) acc;
         LM_BLOCK_AT(k, zp, rp, len);
         if (k + 1 < nblocks) LM_BLOCK_AT(k + 1, zn, rn, nlen);
@@ -237,14 +248,13 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             if (amax) ram = start + LM_FN(find_)(rp, len, brm, capped, vc, vic);
             LM_FN(raise_)(&RM, &RS, NULL, brm);
         }
-        /* With M == -inf so far, exponentiate against 0 only to let a NaN
-         * show; the (tiny) sums are then dropped. */
+        /* With M == -inf so far (all -inf), exponentiate against 0 and drop
+         * the sums: the pass still looks for NaN. */
         LM_FN(block_)(zp, rp, len, zn, rn, nlen, (const char *)next,
                       next && k + 1 == nblocks ? len * (int64_t)sizeof(LM_ELEM) : 0,
                       (LANE_T)(M == -INFINITY ? 0.0 : M),
                       (LANE_T)(RM == -INFINITY ? 0.0 : RM), ent, ref, capped, vc, vic, &acc);
-        if (isnan(acc.s) || isnan(acc.t)) st->nan_found |= 1;
-        if (ref && (isnan(acc.rs) || isnan(acc.c))) st->nan_found |= 2;
+        st->nan_found |= acc.nan;
         if (M != -INFINITY) { S += acc.s; T += acc.t; }
         if (ref && RM != -INFINITY) { RS += acc.rs; C += acc.c; }
         bm = acc.nmax;
@@ -280,4 +290,6 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 
 #undef LM_LOADC
 #undef LM_EXP_LO
+#undef LM_MAGIC
 #undef LM_STEP
+#undef LM_BLK

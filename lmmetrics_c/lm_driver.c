@@ -105,6 +105,21 @@ static lm_segment_fn lm_kernel_for(int isa, int dtype) {
     return fn ? fn : lm_kernels_scalar[dtype];
 }
 
+/* A read-only pass over a buffer (the speed limit the benchmarks compare
+ * with): an OR over 64-bit words, split across threads. */
+uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads) {
+    const uint64_t *w = (const uint64_t *)p;
+    int64_t n = nbytes / 8;
+    uint64_t acc = 0;
+    int nt = num_threads > 0 ? num_threads : lm_max_threads();
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : acc)
+#endif
+    for (int64_t i = 0; i < n; i++) acc |= w[i];
+    return acc;
+}
+
 /* ----------------------------------------------------------------- rows */
 
 typedef struct {

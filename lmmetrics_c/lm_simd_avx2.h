@@ -17,11 +17,11 @@ typedef float LANE_T;
 #define v_abs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define v_copysign(mag, s)                                                     \
     _mm256_or_ps(v_abs(mag), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
-#define v_round(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-/* p * 2^n for integral n in [-127, 0] */
-#define v_ldexp(p, n)                                                          \
-    _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(                    \
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
+/* p * 2^n, n in [-125, 0] held in the low mantissa bits of t: add n to
+ * p's exponent field */
+#define v_scale(p, t)                                                          \
+    _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),               \
+        _mm256_slli_epi32(_mm256_castps_si256(t), 23)))
 #define v_sel_n0(n, a, b)                                                      \
     _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
 #define v_zero_neginf(x, r)                                                    \

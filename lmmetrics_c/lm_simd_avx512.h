@@ -19,8 +19,11 @@ typedef float LANE_T;
 #define v_copysign(mag, s) _mm512_castsi512_ps(_mm512_or_si512(                \
     _mm512_castps_si512(v_abs(mag)), _mm512_and_si512(_mm512_castps_si512(s),  \
     _mm512_set1_epi32((int)0x80000000u))))
-#define v_round(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define v_ldexp(p, n) _mm512_scalef_ps(p, n)
+/* p * 2^n, n in [-125, 0] held in the low mantissa bits of t: add n to
+ * p's exponent field */
+#define v_scale(p, t)                                                          \
+    _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),               \
+        _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
 #define v_sel_n0(n, a, b)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
 #define v_zero_neginf(x, r)                                                    \

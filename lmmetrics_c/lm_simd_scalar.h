@@ -11,8 +11,7 @@
 #undef v_store
 #undef v_abs
 #undef v_copysign
-#undef v_round
-#undef v_ldexp
+#undef v_scale
 #undef v_sel_n0
 #undef v_zero_neginf
 
@@ -30,8 +29,7 @@
 #define v_store(p, v) (*(p) = (v))
 #define v_abs(x) ((LANE_T)fabs(x))
 #define v_copysign(m, s) ((LANE_T)copysign(m, s))
-#define v_round(x) ((LANE_T)rint(x))
-#define v_ldexp(p, n) ((n) == (n) ? (LANE_T)ldexp(p, (int)(n)) : (n))
+#define v_scale(p, t) ((t) == (t) ? (LANE_T)ldexp(p, (int)((t) - LM_MAGIC)) : (t))
 #define v_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
 #define v_zero_neginf(x, r) ((r) == -INFINITY ? (LANE_T)0 : (x))
 
