@@ -1,0 +1,83 @@
+"""Speed of the fused kernel against a read-only pass, torch and scipy.
+
+Not part of the test run (testpaths = tests). Run with
+    pytest benchmarks --benchmark-only --benchmark-group-by=group
+Each workload is one group; GB/s is in extra_info. Compare within a group:
+the machine's speed drifts, ratios measured in one run do not.
+"""
+import numpy as np
+import pytest
+
+import lmmetrics
+from lmmetrics import _core
+
+WORKLOADS = [(2048, 128256), (4096, 50257), (8, 32000)]
+DTYPES = ["float32", "bfloat16", "float16"]
+THREADS = _core.max_threads()
+
+
+def _logits(n, v, dtype):
+    rng = np.random.default_rng(0)
+    z = (rng.standard_normal((n, v), dtype=np.float32) * 3)
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return z.astype(ml_dtypes.bfloat16)
+    return z.astype(dtype)
+
+
+_CACHE = {}
+
+
+def workload(n, v, dtype):
+    key = (n, v, dtype)
+    if key not in _CACHE:
+        _CACHE.clear()  # keep one large buffer alive at a time
+        _CACHE[key] = (_logits(n, v, dtype), np.random.default_rng(1).integers(0, v, n))
+    return _CACHE[key]
+
+
+def _run(benchmark, fn, nbytes, group):
+    benchmark.group = group
+    benchmark.extra_info["GB/s"] = None
+    benchmark.pedantic(fn, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.extra_info["GB/s"] = round(nbytes / benchmark.stats.stats.min / 1e9, 2)
+
+
+CASES = [(n, v, d) for (n, v) in WORKLOADS for d in DTYPES]
+IDS = [f"{n}x{v}-{d}" for n, v, d in CASES]
+
+
+@pytest.mark.parametrize("n,v,dtype", CASES, ids=IDS)
+@pytest.mark.parametrize("threads", [1, THREADS], ids=["1thread", "allthreads"])
+def test_lmmetrics(benchmark, n, v, dtype, threads):
+    z, t = workload(n, v, dtype)
+    _run(benchmark, lambda: lmmetrics.cross_entropy(z, t, reduction="sum", num_threads=threads),
+         z.nbytes, f"{n}x{v}-{dtype}")
+
+
+@pytest.mark.parametrize("n,v,dtype", CASES, ids=IDS)
+@pytest.mark.parametrize("threads", [1, THREADS], ids=["1thread", "allthreads"])
+def test_read_only_pass(benchmark, n, v, dtype, threads):
+    z, _ = workload(n, v, dtype)
+    ptr = z.__array_interface__["data"][0]
+    _run(benchmark, lambda: _core.read_pass(ptr, z.nbytes, threads), z.nbytes, f"{n}x{v}-{dtype}")
+
+
+@pytest.mark.parametrize("n,v,dtype", CASES, ids=IDS)
+def test_torch(benchmark, n, v, dtype):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    z, t = workload(n, v, dtype)
+    zt = torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(z)
+    tt = torch.from_numpy(t)
+    torch.set_num_threads(THREADS)
+    _run(benchmark, lambda: F.cross_entropy(zt, tt, reduction="sum"), z.nbytes, f"{n}x{v}-{dtype}")
+
+
+@pytest.mark.parametrize("n,v,dtype", [c for c in CASES if c[2] == "float32"],
+                         ids=[i for i, c in zip(IDS, CASES) if c[2] == "float32"])
+def test_scipy_logsumexp(benchmark, n, v, dtype):
+    special = pytest.importorskip("scipy.special")
+    z, t = workload(n, v, dtype)
+    _run(benchmark, lambda: float((special.logsumexp(z, axis=1) - z[np.arange(n), t]).sum()),
+         z.nbytes, f"{n}x{v}-{dtype}")

@@ -1,0 +1,143 @@
+"""The ``lmmetrics`` command: ``demo`` (the default), ``bench`` and ``info``."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from . import _core
+from ._config import show_config
+from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
+
+LN2 = math.log(2)
+
+
+def _demo(_args) -> int:
+    """Metrics of a small built-in example: 3 positions over a 4-token vocabulary."""
+    logits = np.array([[2.0, 1.0, -1.0, -2.0], [-1.0, 2.0, 1.0, -2.0], [1.0, -1.0, 2.0, -2.0]], np.float32)
+    targets = np.array([1, 2, 2])
+    token_bytes = np.array([1, 1, 2, 0])
+    print("example: 3 positions, vocabulary of 4, targets", targets.tolist())
+    print(f"  token NLL (nats)  {[round(float(x), 6) for x in token_nll(logits, targets)]}")
+    print(f"  cross-entropy     {cross_entropy(logits, targets):.6f} nats")
+    print(f"  perplexity        {perplexity(logits, targets):.6f}")
+    print(f"  bits per token    {cross_entropy(logits, targets) / LN2:.6f}")
+    print(f"  bits per byte     {bits_per_byte(logits, targets, token_bytes):.6f}  (token_bytes {token_bytes.tolist()})")
+    print()
+    show_config()
+    return 0
+
+
+def _make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0):
+    """Synthetic logits (normal, scale 3) in the asked dtype, as numpy."""
+    rng = np.random.default_rng(seed)
+    z = np.empty((tokens, vocab), np.float32)
+    for i in range(0, tokens, 256):
+        z[i:i + 256] = rng.standard_normal((min(256, tokens - i), vocab), dtype=np.float32) * 3
+    if dtype == "float32":
+        return z
+    if dtype == "float16":
+        return z.astype(np.float16)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise SystemExit("lmmetrics bench: --dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+    return z.astype(ml_dtypes.bfloat16)
+
+
+def _reference_sum(z, targets) -> float:
+    """Summed NLL in float64, chunk by chunk (numpy only)."""
+    total = 0.0
+    for i in range(0, z.shape[0], 128):
+        c = z[i:i + 128].astype(np.float64)
+        m = c.max(axis=1)
+        lse = m + np.log(np.exp(c - m[:, None]).sum(axis=1))
+        total += float((lse - c[np.arange(c.shape[0]), targets[i:i + 128]]).sum())
+    return total
+
+
+def _best(fn, repeat: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _bench(args) -> int:
+    threads = args.threads or _core.max_threads()
+    z = _make_logits(args.tokens, args.vocab, args.dtype)
+    targets = np.random.default_rng(1).integers(0, args.vocab, args.tokens)
+    nbytes = z.nbytes
+    ptr = z.__array_interface__["data"][0]
+    print(f"lmmetrics bench: {args.tokens} x {args.vocab} {args.dtype} logits ({nbytes / 1e9:.2f} GB), "
+          f"{threads} thread(s), SIMD path {_core.active_isa()}")
+    total = cross_entropy(z, targets, reduction="sum", num_threads=threads)
+    ref = _reference_sum(z, targets)
+    rel = abs(total - ref) / abs(ref)
+    print(f"summed NLL {total:.6f}, float64 reference {ref:.6f}, relative error {rel:.1e}")
+
+    rows = []
+    read = _best(lambda: _core.read_pass(ptr, nbytes, threads), args.repeat)
+    one = _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=1), args.repeat)
+    read1 = _best(lambda: _core.read_pass(ptr, nbytes, 1), args.repeat)
+    rows.append(("read-only pass, 1 thread", read1, None))
+    rows.append(("lmmetrics, 1 thread", one, read1))
+    rows.append((f"read-only pass, {threads} threads", read, None))
+    rows.append((f"lmmetrics, {threads} threads",
+                 _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=threads), args.repeat), read))
+    torch_time = None
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(threads)
+        zt = torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16) if args.dtype == "bfloat16" else torch.from_numpy(z)
+        tt = torch.from_numpy(targets)
+        torch_time = _best(lambda: F.cross_entropy(zt, tt, reduction="sum"), max(1, args.repeat // 2))
+        rows.append((f"torch F.cross_entropy, {threads} threads", torch_time, None))
+    print()
+    print(f"{'':38} {'time ms':>9} {'GB/s':>7} {'of read pass':>13} {'vs torch':>9}")
+    for name, t, base in rows:
+        frac = f"{base / t:.2f}" if base else ""
+        vs = f"{torch_time / t:.1f}x" if torch_time and name.startswith("lmmetrics") else ""
+        print(f"{name:38} {t * 1e3:9.2f} {nbytes / t / 1e9:7.1f} {frac:>13} {vs:>9}")
+    if rel > 1e-6:
+        print(f"error: the result is off the float64 reference by {rel:.1e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _info(_args) -> int:
+    show_config()
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="lmmetrics", description="Language-model metrics from logits.")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("demo", help="metrics of a small built-in example, and the build config (default)")
+    sub.add_parser("info", help="the build and run-time configuration")
+    b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
+    b.add_argument("--tokens", type=int, default=2048, help="rows of logits (default 2048)")
+    b.add_argument("--vocab", type=int, default=128256, help="vocabulary size (default 128256)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    b.add_argument("--threads", type=int, default=None, help="threads (default: the OpenMP default)")
+    b.add_argument("--repeat", type=int, default=5, help="timed repetitions, best kept (default 5)")
+    args = parser.parse_args(argv)
+    if getattr(args, "tokens", 1) < 1 or getattr(args, "vocab", 1) < 1:
+        parser.error("--tokens and --vocab must be positive")
+    handlers = {"bench": _bench, "info": _info, "demo": _demo, None: _demo}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

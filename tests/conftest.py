@@ -1,0 +1,44 @@
+"""Shared fixtures and the independent float64 reference the tests compare with."""
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+
+from lmmetrics import _core
+
+try:
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+    BF16 = None
+
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)] + ([BF16] if BF16 is not None else [])
+ISAS = [i for i in _core.ISAS if _core.isa_supported(i)]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Run the test on every SIMD path this machine supports."""
+    before = _core.active_isa()
+    _core.set_isa(request.param)
+    yield request.param
+    _core.set_isa(before)
+
+
+def ref_nll(logits, targets, ignore_index=-100):
+    """Per-position NLL in float64 from the values the kernel saw (scipy)."""
+    z = np.asarray(logits).astype(np.float64)
+    t = np.asarray(targets)
+    flat = z.reshape(-1, z.shape[-1])
+    tf = t.reshape(-1)
+    counted = (tf >= 0) & (tf != ignore_index)
+    out = np.zeros(tf.shape, np.float64)
+    rows = np.nonzero(counted)[0]
+    if rows.size:
+        lse = logsumexp(flat[rows], axis=1)
+        out[rows] = lse - flat[rows, tf[rows]]
+    return out.reshape(t.shape)
+
+
+def random_logits(rng, shape, dtype, scale=3.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)

@@ -1,0 +1,54 @@
+"""show_config, the ISA override, and agreement between SIMD paths."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from lmmetrics import _core
+from conftest import DTYPES, ISAS, random_logits
+
+
+def test_show_config(capsys):
+    cfg = lmmetrics.show_config()
+    out = capsys.readouterr().out
+    assert cfg["version"] == lmmetrics.__version__ and lmmetrics.__version__ in out
+    assert cfg["isa"] in cfg["isas_supported"] and "scalar" in cfg["isas_built"]
+    assert isinstance(cfg["openmp"], bool) and cfg["threads"] >= 1
+    assert "-O3" in cfg["cflags"]
+    for bad in ("-ffast-math", "-march=native", "-Ofast"):
+        assert bad not in cfg["cflags"]
+
+
+@pytest.mark.parametrize("name", ISAS)
+def test_env_var_forces_the_path(name):
+    env = dict(os.environ, LMMETRICS_ISA=name)
+    out = subprocess.run([sys.executable, "-c", "import lmmetrics; print(lmmetrics.show_config(False)['isa'])"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == name
+
+
+def test_env_var_unknown_path_fails_loudly():
+    env = dict(os.environ, LMMETRICS_ISA="sse9")
+    res = subprocess.run([sys.executable, "-c", "import lmmetrics"], env=env, capture_output=True, text=True)
+    assert res.returncode != 0 and "LMMETRICS_ISA=sse9" in res.stderr
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_path_agrees(dtype):
+    rng = np.random.default_rng(20)
+    z = random_logits(rng, (12, 3001), dtype)
+    t = rng.integers(0, 3001, 12)
+    results = {}
+    before = _core.active_isa()
+    try:
+        for name in ISAS:
+            _core.set_isa(name)
+            results[name] = lmmetrics.token_nll(z, t).astype(np.float64)
+    finally:
+        _core.set_isa(before)
+    base = results["scalar"]
+    for name, got in results.items():
+        np.testing.assert_allclose(got, base, atol=2e-6 if dtype != np.float64 else 1e-12, err_msg=name)

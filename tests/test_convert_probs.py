@@ -1,0 +1,81 @@
+"""lmmetrics.convert and lmmetrics.probs, with the seed documents' examples."""
+import math
+
+import numpy as np
+import pytest
+
+from lmmetrics import convert, probs
+
+
+def test_units():
+    assert convert.nats_to_bits(math.log(2)) == pytest.approx(1.0)
+    assert convert.bits_to_nats(1.0) == pytest.approx(math.log(2))
+    np.testing.assert_allclose(convert.nats_to_bits(np.array([0.0, math.log(4)])), [0, 2])
+
+
+def test_bpc_ppl_round_trip_and_errors():
+    bpc = convert.bpc_from_perplexity(20.0, 100, 450)
+    assert bpc == pytest.approx(100 / 450 * math.log(20) / math.log(2))
+    assert convert.perplexity_from_bpc(bpc, 100, 450) == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="num_chars"):
+        convert.bpc_from_perplexity(20.0, 100, 0)
+    with pytest.raises(ValueError, match="ppl"):
+        convert.bpc_from_perplexity(-1.0, 100, 10)
+
+
+def test_corpus_metrics_like_lm_eval():
+    ll = [-120.0, -30.5, -77.25]
+    words = [40, 10, 25]
+    nbytes = [200, 51, 130]
+    m = convert.corpus_metrics(ll, words=words, bytes=nbytes)
+    total = sum(ll)
+    assert m["word_perplexity"] == pytest.approx(math.exp(-total / sum(words)))
+    assert m["byte_perplexity"] == pytest.approx(math.exp(-total / sum(nbytes)))
+    assert m["bits_per_byte"] == pytest.approx(-total / sum(nbytes) / math.log(2))
+    # not the mean of per-document ratios
+    assert m["bits_per_byte"] != pytest.approx(np.mean([-a / b / math.log(2) for a, b in zip(ll, nbytes)]))
+    only = convert.corpus_metrics(ll, words=words)
+    assert only["bits_per_byte"] is None and only["byte_perplexity"] is None
+    with pytest.raises(ValueError, match="one count per log-likelihood"):
+        convert.corpus_metrics(ll, words=[1, 2])
+
+
+# seeds/004: the pet corpus
+Q = np.array([0.4, 0.4, 0.1, 0.1])   # model: dog, cat, gecko, rock
+P = np.array([0.4, 0.5, 0.05, 0.05])  # true distribution
+
+
+def test_pet_corpus_values():
+    assert probs.entropy(Q) == pytest.approx(1.7219280948873623, abs=1e-12)
+    assert probs.cross_entropy(P, Q) == pytest.approx(1.52193, abs=5e-6)
+    assert probs.entropy(P) == pytest.approx(1.46096, abs=5e-6)
+    assert probs.kl_divergence(P, Q) == pytest.approx(0.06096, abs=5e-6)
+    assert probs.kl_divergence(P, P) == pytest.approx(0.0, abs=1e-15)
+    # the test set: dog x3, cat x4, gecko x2, rock x1 -> CE 1.92193 bits, perplexity 3.79
+    test_dist = np.array([3, 4, 2, 1]) / 10
+    ce = probs.cross_entropy(test_dist, Q)
+    assert ce == pytest.approx(1.92193, abs=5e-6)
+    assert 2 ** ce == pytest.approx(3.79, abs=5e-3)
+    assert probs.perplexity(Q) == pytest.approx(2 ** 1.7219280948873623)
+    # KL = CE - H
+    assert probs.kl_divergence(P, Q) == pytest.approx(probs.cross_entropy(P, Q) - probs.entropy(P))
+
+
+def test_bases_zero_terms_and_rows():
+    assert probs.entropy([0.5, 0.5, 0.0], base=math.e) == pytest.approx(math.log(2))
+    assert probs.entropy([1.0, 0.0]) == 0.0
+    assert probs.kl_divergence([0.5, 0.5], [1.0, 0.0]) == float("inf")
+    assert probs.cross_entropy([0.0, 1.0], [0.0, 1.0]) == 0.0
+    rows = probs.entropy(np.array([[0.5, 0.5], [1.0, 0.0]]))
+    np.testing.assert_allclose(rows, [1.0, 0.0])
+
+
+def test_probability_validation():
+    with pytest.raises(ValueError, match="negative"):
+        probs.entropy([1.2, -0.2])
+    with pytest.raises(ValueError, match="sum to 1"):
+        probs.entropy([0.5, 0.4])
+    with pytest.raises(ValueError, match="same shape"):
+        probs.kl_divergence([0.5, 0.5], [0.2, 0.3, 0.5])
+    with pytest.raises(ValueError, match="base"):
+        probs.entropy([0.5, 0.5], base=1)

@@ -1,0 +1,197 @@
+"""token_nll against a float64 reference: vocab sizes, dtypes, layouts, ISAs,
+threads, edge values and the ignore rules."""
+import math
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from conftest import BF16, DTYPES, random_logits, ref_nll
+
+VOCABS = [1, 2, 15, 16, 17, 33, 50257]
+
+
+def _tol(dtype):
+    return dict(rtol=1e-12, atol=0) if dtype == np.float64 else dict(rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("V", VOCABS)
+def test_matches_float64_reference(isa, dtype, V):
+    rng = np.random.default_rng(V)
+    z = random_logits(rng, (9, V), dtype)
+    t = rng.integers(0, V, 9)
+    got = lmmetrics.token_nll(z, t)
+    assert got.shape == (9,)
+    assert got.dtype == (np.float64 if dtype == np.float64 else np.float32)
+    np.testing.assert_allclose(got.astype(np.float64), ref_nll(z, t), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_rows_split_in_segments(isa, dtype):
+    # 3 segments and a tail: rows longer than one segment merge exactly
+    rng = np.random.default_rng(1)
+    V = 70001
+    z = random_logits(rng, (3, V), dtype, scale=4.0)
+    z[1, 68000] = 30  # the max in the last segment
+    t = np.array([5, 68000, V - 1])
+    np.testing.assert_allclose(lmmetrics.token_nll(z, t).astype(np.float64), ref_nll(z, t), **_tol(dtype))
+
+
+def test_float32_large_vocab_accuracy(isa):
+    rng = np.random.default_rng(7)
+    z = random_logits(rng, (16, 128256), np.float32, scale=5.0)
+    t = rng.integers(0, 128256, 16)
+    err = np.abs(lmmetrics.token_nll(z, t).astype(np.float64) - ref_nll(z, t)).max()
+    assert err < 2e-6
+    total = lmmetrics.cross_entropy(z, t, reduction="sum")
+    assert abs(total - ref_nll(z, t).sum()) <= 1e-6 * abs(total)
+
+
+def test_three_d_and_shifted_views(isa):
+    rng = np.random.default_rng(2)
+    full = random_logits(rng, (3, 11, 40), np.float32)
+    ids = rng.integers(0, 40, (3, 11))
+    logits, targets = full[:, :-1], ids[:, 1:]  # the usual shift: strided leading axes
+    assert not logits.flags.c_contiguous
+    np.testing.assert_allclose(lmmetrics.token_nll(logits, targets), ref_nll(logits, targets), atol=2e-6)
+    # every other row of a 2-D buffer, and a reversed view
+    flat = full.reshape(-1, 40)
+    np.testing.assert_allclose(lmmetrics.token_nll(flat[::2], ids.reshape(-1)[::2]),
+                               ref_nll(flat[::2], ids.reshape(-1)[::2]), atol=2e-6)
+    np.testing.assert_allclose(lmmetrics.token_nll(flat[::-1], ids.reshape(-1)),
+                               ref_nll(flat[::-1], ids.reshape(-1)), atol=2e-6)
+    # 4-D with a strided middle axis (three groups of rows: copied, same numbers)
+    four = random_logits(rng, (2, 3, 5, 17), np.float32)[:, ::2, :-1]
+    t4 = rng.integers(0, 17, four.shape[:-1])
+    np.testing.assert_allclose(lmmetrics.token_nll(four, t4), ref_nll(four, t4), atol=2e-6)
+    # a strided vocabulary axis is copied
+    wide = random_logits(rng, (4, 30), np.float32)[:, ::2]
+    tw = rng.integers(0, 15, 4)
+    np.testing.assert_allclose(lmmetrics.token_nll(wide, tw), ref_nll(wide, tw), atol=2e-6)
+
+
+def test_one_dimensional_logits_and_scalar_target():
+    z = np.array([1.0, 2.0, 3.0], np.float32)
+    got = lmmetrics.token_nll(z, np.int64(2))
+    assert np.shape(got) == ()
+    assert abs(float(got) - ref_nll(z, np.int64(2))) < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64] + ([BF16] if BF16 else []), ids=str)
+def test_threads_give_identical_bits(isa, dtype):
+    rng = np.random.default_rng(3)
+    for shape in [(64, 5000), (1, 100000), (3, 70000)]:  # many rows; one long row split across threads
+        z = random_logits(rng, shape, dtype)
+        t = rng.integers(0, shape[1], shape[0])
+        one = lmmetrics.token_nll(z, t, num_threads=1)
+        two = lmmetrics.token_nll(z, t, num_threads=2)
+        four = lmmetrics.token_nll(z, t, num_threads=4)
+        assert one.tobytes() == two.tobytes() == four.tobytes()
+        sums = {lmmetrics.cross_entropy(z, t, reduction="sum", num_threads=k) for k in (1, 2, 3)}
+        assert len(sums) == 1
+
+
+def test_ignore_rules(isa):
+    rng = np.random.default_rng(4)
+    z = random_logits(rng, (6, 10), np.float32)
+    t = np.array([1, -100, -1, 3, 7, -5])
+    got = lmmetrics.token_nll(z, t)
+    ref = ref_nll(z, t)
+    assert got[1] == got[2] == got[5] == 0.0
+    np.testing.assert_allclose(got, ref, atol=2e-6)
+    # a custom ignore_index is ignored too, negatives still are
+    got = lmmetrics.token_nll(z, np.array([1, 7, -1, 3, 7, 0]), ignore_index=7)
+    assert got[1] == got[2] == got[4] == 0.0 and got[0] > 0
+    mean = lmmetrics.cross_entropy(z, t)
+    assert abs(mean - ref[[0, 3, 4]].mean()) < 2e-6
+
+
+def test_ignored_rows_are_not_read(isa):
+    z = np.full((3, 20), np.nan, np.float32)
+    z[1] = np.linspace(-1, 1, 20)
+    t = np.array([-100, 4, -1])
+    got = lmmetrics.token_nll(z, t)
+    assert got[0] == got[2] == 0.0 and np.isfinite(got[1])
+
+
+def test_masked_vocabulary(isa):
+    for dtype in DTYPES:
+        z = np.linspace(-3, 3, 40).astype(dtype).reshape(2, 20)
+        z[:, ::3] = -np.inf
+        got = lmmetrics.token_nll(z, np.array([1, 3]))
+        np.testing.assert_allclose(got.astype(np.float64), ref_nll(z, np.array([1, 3])), **_tol(dtype))
+        assert math.isinf(lmmetrics.token_nll(z, np.array([0, 1]))[0])  # a -inf target: +inf
+
+
+def test_positive_infinity(isa):
+    # softmax puts all mass on the +inf entries, equally
+    z = np.zeros((3, 50), np.float32)
+    z[:, 7] = np.inf
+    z[1, 30] = np.inf
+    got = lmmetrics.token_nll(z, np.array([7, 30, 8]))
+    assert got[0] == 0.0
+    assert abs(got[1] - math.log(2)) < 1e-7
+    assert math.isinf(got[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nan_is_an_error_naming_the_row(isa, dtype):
+    z = np.zeros((4, 37), dtype)
+    z[2, 36] = np.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 2"):
+        lmmetrics.token_nll(z, np.array([0, 1, 2, 3]))
+    z = np.full((2, 5000), -np.inf, dtype)  # NaN hidden among -inf
+    z[0, 0] = 0
+    z[1, 4321] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        lmmetrics.token_nll(z, np.array([0, 1]))
+    z = np.zeros((1, 40000), dtype)  # NaN next to +inf
+    z[0, 3] = np.inf
+    z[0, 39000] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        lmmetrics.token_nll(z, np.array([0]))
+
+
+def test_all_neg_inf_row_is_an_error(isa):
+    z = np.zeros((3, 20), np.float32)
+    z[1] = -np.inf
+    with pytest.raises(ValueError, match=r"row 1 .* all -inf"):
+        lmmetrics.token_nll(z, np.array([0, 1, 2]))
+    assert lmmetrics.token_nll(z, np.array([0, -100, 2]))[1] == 0.0  # ignored: fine
+
+
+def test_bad_inputs():
+    z = np.zeros((4, 10), np.float32)
+    t = np.array([1, 2, 3, 4])
+    with pytest.raises(ValueError, match="does not match"):
+        lmmetrics.token_nll(z, t[:3])
+    with pytest.raises(ValueError, match=r"target 10 at position \(2,\) is out of range for a vocabulary of 10"):
+        lmmetrics.token_nll(z, np.array([1, 2, 10, 4]))
+    with pytest.raises(TypeError, match="float32, float64, float16 or bfloat16"):
+        lmmetrics.token_nll(z.astype(np.int32), t)
+    with pytest.raises(TypeError, match="integers"):
+        lmmetrics.token_nll(z, t.astype(np.float32))
+    with pytest.raises(TypeError, match="integers"):
+        lmmetrics.token_nll(z, t > 2)
+    with pytest.raises(ValueError, match="empty vocabulary"):
+        lmmetrics.token_nll(np.zeros((4, 0), np.float32), t)
+    with pytest.raises(ValueError, match="num_threads"):
+        lmmetrics.token_nll(z, t, num_threads=0)
+    with pytest.raises(ValueError, match="reduction"):
+        lmmetrics.cross_entropy(z, t, reduction="avg")
+    with pytest.raises(ValueError, match="at least one axis"):
+        lmmetrics.token_nll(np.float32(1.0), t)
+
+
+def test_empty_batch():
+    z = np.zeros((0, 10), np.float32)
+    t = np.zeros(0, np.int64)
+    assert lmmetrics.token_nll(z, t).shape == (0,)
+    assert math.isnan(lmmetrics.cross_entropy(z, t))
+    assert lmmetrics.cross_entropy(z, t, reduction="sum") == 0.0
+
+
+def test_lists_are_accepted():
+    got = lmmetrics.token_nll([[0.0, 0.0]], [1])
+    assert abs(got[0] - math.log(2)) < 1e-12  # nested lists become float64

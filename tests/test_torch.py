@@ -1,0 +1,85 @@
+"""Torch CPU tensors: zero-copy input, tensor output, agreement with torch."""
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lmmetrics
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def test_agrees_with_torch_float64(isa):
+    g = torch.Generator().manual_seed(0)
+    for V in (17, 50257):
+        z = torch.randn(2, 9, V, generator=g) * 3
+        y = torch.randint(0, V, (2, 9), generator=g)
+        y[0, :3] = -100
+        ref = F.cross_entropy(z.double().reshape(-1, V), y.reshape(-1), reduction="none").reshape(2, 9)
+        got = lmmetrics.token_nll(z, y)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.shape == (2, 9)
+        assert (got.double() - ref).abs().max().item() < 2e-6
+        mean = F.cross_entropy(z.double().reshape(-1, V), y.reshape(-1)).item()
+        assert lmmetrics.cross_entropy(z, y) == pytest.approx(mean, abs=1e-6)
+        assert isinstance(lmmetrics.cross_entropy(z, y), float)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_half_and_double_tensors(isa, dtype):
+    g = torch.Generator().manual_seed(1)
+    z = (torch.randn(5, 1000, generator=g) * 2).to(dtype)
+    y = torch.randint(0, 1000, (5,), generator=g)
+    ref = F.cross_entropy(z.double(), y, reduction="none")  # from the values the kernel saw
+    got = lmmetrics.token_nll(z, y)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert (got.double() - ref).abs().max().item() <= tol * (ref.abs().max().item() if dtype == torch.float64 else 1)
+
+
+def test_shifted_view_is_not_copied(isa):
+    g = torch.Generator().manual_seed(2)
+    full = torch.randn(2, 8, 50, generator=g)
+    ids = torch.randint(0, 50, (2, 8), generator=g)
+    logits, targets = full[:, :-1], ids[:, 1:]
+    ref = F.cross_entropy(logits.double().reshape(-1, 50), targets.reshape(-1), reduction="none")
+    assert (lmmetrics.token_nll(logits, targets).reshape(-1).double() - ref).abs().max() < 2e-6
+    # zero-copy: the core reads the tensor's memory, so writing there changes the result
+    before = lmmetrics.token_nll(logits, targets)[0, 0].item()
+    full[0, 0, targets[0, 0]] += 5.0
+    after = lmmetrics.token_nll(logits, targets)[0, 0].item()
+    assert after < before - 2
+
+
+def test_requires_grad_tensor_is_fine():
+    z = torch.randn(3, 10, requires_grad=True)
+    y = torch.tensor([1, 2, 3])
+    assert lmmetrics.cross_entropy(z, y) == pytest.approx(F.cross_entropy(z.double(), y).item(), abs=1e-6)
+
+
+def test_bits_per_byte_with_torch_table():
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(4, 30, generator=g)
+    y = torch.tensor([1, 2, -1, 5])
+    tb = torch.randint(0, 4, (30,), generator=g)
+    expect = lmmetrics.bits_per_byte(z.numpy(), y.numpy(), tb.numpy())
+    assert lmmetrics.bits_per_byte(z, y, tb) == expect
+
+
+def test_bad_torch_inputs():
+    with pytest.raises(TypeError, match="bfloat16"):
+        lmmetrics.token_nll(torch.zeros(2, 3, dtype=torch.int32), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="out of range"):
+        lmmetrics.token_nll(torch.zeros(2, 3), torch.tensor([0, 3]))
+    z = torch.zeros(2, 3)
+    z[1, 1] = math.nan
+    with pytest.raises(ValueError, match="NaN in logits at row 1"):
+        lmmetrics.token_nll(z, torch.tensor([0, 1]))
+
+
+def test_torch_is_not_imported_for_numpy_input():
+    code = ("import sys, numpy as np, lmmetrics; lmmetrics.token_nll(np.zeros((2, 3), np.float32), [0, 1]);"
+            "lmmetrics.show_config(False); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
