@@ -7,6 +7,7 @@ Only the vocabulary axis must be contiguous; the leading axes may be strided
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -16,6 +17,16 @@ import numpy as np
 from . import _core
 
 _NUMPY_DTYPES = {"float32", "float64", "float16", "bfloat16"}
+_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.float16): "float16"}
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    name = _NAMES.get(dt)
+    if name is None:
+        name = dt.name  # slow; cache bfloat16 (ml_dtypes) once seen
+        if name == "bfloat16":
+            _NAMES[dt] = name
+    return name
 
 
 def is_torch(x: Any) -> bool:
@@ -73,7 +84,8 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     if is_torch(x):
         return _torch_logits(x, name)
     a = x if isinstance(x, np.ndarray) else np.asarray(x)
-    if a.dtype.name not in _NUMPY_DTYPES:
+    dtype = _dtype_name(a.dtype)
+    if dtype not in _NUMPY_DTYPES:
         if a.dtype.kind in "fc" or a.dtype.kind in "biuO":
             raise TypeError(
                 f"{name} must be float32, float64, float16 or bfloat16, got dtype {a.dtype}")
@@ -84,7 +96,7 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     if (a.shape[-1] > 1 and a.strides[-1] != item) or any(s % item for s in a.strides):
         a = np.ascontiguousarray(a)
     strides = tuple(s // item for s in a.strides[:-1])
-    return _describe(a, a.__array_interface__["data"][0], a.dtype.name, a.shape, strides, False, name)
+    return _describe(a, a.__array_interface__["data"][0], dtype, a.shape, strides, False, name)
 
 
 def _torch_logits(x, name):
@@ -115,7 +127,7 @@ def _describe(keep, ptr, dtype, shape, lead_strides, torch, name):
             keep = np.ascontiguousarray(keep)
             ptr = keep.__array_interface__["data"][0]
         rows = _collapse(shape[:-1], _contiguous_strides(shape))
-    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    n_rows = math.prod(shape[:-1])
     _, rows_inner, row_stride, outer_stride = rows
     return Logits(keep, ptr, dtype, shape[:-1], shape[-1], n_rows, rows_inner,
                   row_stride, outer_stride, torch)
@@ -148,9 +160,8 @@ def as_targets(targets: Any, logits: Logits, ignore_index: int):
             f"targets shape {t.shape} does not match the logits shape without its "
             f"vocabulary axis {logits.lead_shape}")
     flat = t.reshape(-1)
-    over = flat >= logits.n_cols
-    if over.any():
-        i = int(np.argmax(over))
+    if flat.size and flat.max() >= logits.n_cols:
+        i = int(np.argmax(flat >= logits.n_cols))
         raise ValueError(
             f"target {int(flat[i])} at position {_position(i, logits.lead_shape)} is out of "
             f"range for a vocabulary of {logits.n_cols}")
