@@ -189,11 +189,13 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     out->nan = (isnan(ent ? out->t : LM_FN(hsum_)(nz)) ? 1 : 0) | (ref && isnan(LM_FN(hsum_)(nr)) ? 2 : 0);
 }
 
-/* Raise the running max of one side to bm (entropy sums shift with it). */
-LM_INLINE void LM_FN(raise_)(double *m, double *s, double *t, double bm) {
+/* Raise the running max of one side to bm: s (and c, a sum weighted the
+ * same way) scale by exp(m - bm); t = sum e (z - m) shifts as well. */
+LM_INLINE void LM_FN(raise_)(double *m, double *s, double *t, double *c, double bm) {
     if (*s != 0.0) {
         double a = exp(*m - bm);
         if (t) *t = a * (*t + (*m - bm) * *s);
+        if (c) *c *= a;
         *s *= a;
     }
     *m = bm;
@@ -242,11 +244,11 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         if (bm == INFINITY || brm == INFINITY) { st->posinf = 1; return; }
         if (bm > M) {
             if (amax) am = start + LM_FN(find_)(zp, len, bm, capped, vc, vic);
-            LM_FN(raise_)(&M, &S, ent ? &T : NULL, bm);
+            LM_FN(raise_)(&M, &S, ent ? &T : NULL, NULL, bm);
         }
         if (ref && brm > RM) {
             if (amax) ram = start + LM_FN(find_)(rp, len, brm, capped, vc, vic);
-            LM_FN(raise_)(&RM, &RS, NULL, brm);
+            LM_FN(raise_)(&RM, &RS, NULL, &C, brm);
         }
         /* With M == -inf so far (all -inf), exponentiate against 0 and drop
          * the sums: the pass still looks for NaN. */
