@@ -86,10 +86,7 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     a = x if isinstance(x, np.ndarray) else np.asarray(x)
     dtype = _dtype_name(a.dtype)
     if dtype not in _NUMPY_DTYPES:
-        if a.dtype.kind in "fc" or a.dtype.kind in "biuO":
-            raise TypeError(
-                f"{name} must be float32, float64, float16 or bfloat16, got dtype {a.dtype}")
-        raise TypeError(f"{name} must be a floating-point array, got dtype {a.dtype}")
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {a.dtype}")
     if a.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
     item = a.itemsize
