@@ -34,31 +34,36 @@ LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return c * tanh(x / c); 
 #else
 #define LM_EXP_LO (-86.0f)
 #define LM_MAGIC 12582912.0f /* 1.5 * 2^23: t = x / ln2 + MAGIC holds round(x / ln2) in its low bits */
-/* exp(x) for x in [LM_EXP_LO, 0] (x clamped by the caller): Cody-Waite
- * reduction and a degree-5 polynomial, max 2.4 ulp. NaN in x gives an
- * unspecified value: the caller tracks NaN on its own. */
-/* e^r = 1 + r + r^2 * D(r), D = c2 + c3 r + c4 r^2 + c5 r^3, by Estrin's
- * scheme (short dependency chains keep more iterations in flight) */
+/* e^r = 1 + r + r^2 * D(r), D = c2 + c3 r + c4 r^2 + c5 r^3 (degree-5
+ * polynomial, max 2.4 ulp for exp), by Estrin's scheme: short dependency
+ * chains keep more iterations in flight. */
 #define LM_EXP_D(r, r2)                                                        \
     v_fma(v_fma(v_set1(0.008312525227665901f), r, v_set1(0.041890114545822144f)), r2, \
           v_fma(v_set1(0.16667114198207855f), r, v_set1(0.499992311000824f)))
+/* Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, for x in
+ * [LM_EXP_LO, 0]: sets t (n in its low bits), r and r^2, returns D(r), so
+ * that e^r = 1 + r + r^2 D(r). */
+LM_INLINE VF LM_FN(reduce_)(VF x, VF *t, VF *r, VF *r2) {
+    *t = v_fma(x, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
+    *r = v_fma(v_sub(*t, v_set1(LM_MAGIC)), v_set1(-0.69314718055994531f), x);
+    *r2 = v_mul(*r, *r);
+    return LM_EXP_D(*r, *r2);
+}
+/* exp(x) for x in [LM_EXP_LO, 0] (x clamped by the caller). NaN in x gives
+ * an unspecified value: the caller tracks NaN on its own. 1 + r is formed
+ * beside the polynomial, off its dependency chain. */
 LM_INLINE VF LM_FN(exp_)(VF x) {
-    VF t = v_fma(x, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
-    VF r = v_fma(v_sub(t, v_set1(LM_MAGIC)), v_set1(-0.69314718055994531f), x);
-    VF r2 = v_mul(r, r);
-    return v_scale(v_fma(LM_EXP_D(r, r2), r2, v_add(r, v_set1(1.0f))), t);
+    VF t, r, r2, d = LM_FN(reduce_)(x, &t, &r, &r2);
+    return v_scale(v_fma(d, r2, v_add(r, v_set1(1.0f))), t);
 }
 /* softcap: c * tanh(x / c) = sign(x) * c * (-em1 / (2 + em1)),
- * em1 = expm1(-2|x|/c), accurate near 0 (the n == 0 branch skips the 1). */
+ * em1 = expm1(-2|x|/c), accurate near 0 (for n == 0 em1 is q itself). */
 LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
     VF y = v_max(v_set1(LM_EXP_LO), v_mul(v_abs(v_mul(x, ic)), v_set1(-2.0f)));
-    VF t = v_fma(y, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
-    VF n = v_sub(t, v_set1(LM_MAGIC));
-    VF r = v_fma(n, v_set1(-0.693359375f), y);
-    r = v_fma(n, v_set1(2.12194440e-4f), r);
-    VF r2 = v_mul(r, r);
-    VF q = v_fma(LM_EXP_D(r, r2), r2, r);           /* e^r - 1 */
-    VF em1 = v_sel_n0(n, q, v_sub(v_scale(v_add(q, v_set1(1.0f)), t), v_set1(1.0f)));
+    VF t, r, r2, d = LM_FN(reduce_)(y, &t, &r, &r2);
+    VF q = v_fma(d, r2, r);                         /* e^r - 1 */
+    VF em1 = v_sel_n0(v_sub(t, v_set1(LM_MAGIC)), q,
+                      v_sub(v_scale(v_add(q, v_set1(1.0f)), t), v_set1(1.0f)));
     VF tnh = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
     return v_copysign(v_mul(tnh, c), x);
 }
@@ -147,7 +152,7 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         s1 = v_add(s1, eb);                                                    \
         if (ent) { t0 = v_fma(ea, da, t0); t1 = v_fma(eb, db, t1); }           \
         if (ref) {                                                             \
-            VF ra, rb, dra, drb, era, erb;                                             \
+            VF ra, rb, dra, drb, era, erb;                                     \
             LM_LOADC(r + j, ra, rb);                                           \
             dra = v_max(lo, v_sub(ra, vrm));                                   \
             drb = v_max(lo, v_sub(rb, vrm));                                   \
