@@ -2,7 +2,7 @@
  * pass over memory. Included once per (ISA, dtype) by lm_instantiate.h after
  * an lm_simd_*.h header has defined the vector primitives:
  *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma, v_max, v_abs,
- *   v_copysign, v_scale, v_sel_n0, v_zero_neginf, v_store,
+ *   v_copysign, v_scale, v_sel_n0, v_zero_neginf, v_any_eq, v_store,
  * and the dtype macros:
  *   LM_ELEM (storage type), LM_ELEM_NEGINF, LM_DT (enum lm_dtype),
  *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
@@ -17,8 +17,9 @@
  */
 
 #define LM_STEP (2 * VW)
-/* block length: at most 4096 elements and 256 per float lane accumulator */
-#define LM_BLK (256 * LM_STEP < LM_BLOCK ? 256 * LM_STEP : LM_BLOCK)
+/* block length: at most 4096 elements and 64 terms per float lane
+ * accumulator (longer float sums cost KL and entropy accuracy) */
+#define LM_BLK (64 * LM_STEP < LM_BLOCK ? 64 * LM_STEP : LM_BLOCK)
 
 #ifndef LM_BODY_ONCE
 #define LM_BODY_ONCE
@@ -104,13 +105,16 @@ LM_INLINE LANE_T LM_FN(max_)(const LM_ELEM *z, int64_t len, int capped, VF vc, V
     return LM_FN(hmax_)(v_max(m0, m1));
 }
 
-/* first index in [0, len) whose (capped) value equals bm */
+/* first index in [0, len) whose (capped) value equals bm: a vector test
+ * per step, a lane scan only in the step that holds it */
 LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, int capped, VF vc, VF vic) {
+    const VF vbm = v_set1(bm);
     for (int64_t j = 0; j < len; j += LM_STEP) {
         VF a, b;
         LANE_T tmp[LM_STEP];
         int64_t best = -1;
         LM_LOADC(z + j, a, b);
+        if (!(v_any_eq(a, vbm) || v_any_eq(b, vbm))) continue;
         v_store(tmp, a);
         v_store(tmp + VW, b);
         for (int k = 0; k < LM_STEP; k++)
@@ -141,10 +145,12 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
 
 #define LM_EXP_STEP()                                                          \
     do {                                                                       \
-        VF za, zb, da, db, ea, eb;                                             \
+        VF za, zb, ua, ub, da, db, ea, eb;                                     \
         LM_LOADC(z + j, za, zb);                                               \
-        da = v_max(lo, v_sub(za, vm));                                         \
-        db = v_max(lo, v_sub(zb, vm));                                         \
+        ua = v_sub(za, vm);                                                    \
+        ub = v_sub(zb, vm);                                                    \
+        da = v_max(lo, ua);                                                    \
+        db = v_max(lo, ub);                                                    \
         if (!ent) nz = v_add(nz, v_add(da, db));                               \
         ea = LM_FN(exp_)(da);                                                  \
         eb = LM_FN(exp_)(db);                                                  \
@@ -161,8 +167,8 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
             erb = LM_FN(exp_)(drb);                                            \
             rs0 = v_add(rs0, era);                                             \
             rs1 = v_add(rs1, erb);                                             \
-            c0 = v_fma(era, v_zero_neginf(v_sub(ra, za), ra), c0);             \
-            c1 = v_fma(erb, v_zero_neginf(v_sub(rb, zb), rb), c1);             \
+            c0 = v_fma(era, v_zero_neginf(v_sub(dra, ua), ra), c0);            \
+            c1 = v_fma(erb, v_zero_neginf(v_sub(drb, ub), rb), c1);            \
         }                                                                      \
     } while (0)
 
@@ -194,13 +200,17 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     out->nan = (isnan(ent ? out->t : LM_FN(hsum_)(nz)) ? 1 : 0) | (ref && isnan(LM_FN(hsum_)(nr)) ? 2 : 0);
 }
 
-/* Raise the running max of one side to bm: s (and c, a sum weighted the
- * same way) scale by exp(m - bm); t = sum e (z - m) shifts as well. */
-LM_INLINE void LM_FN(raise_)(double *m, double *s, double *t, double *c, double bm) {
+/* Raise the running max of one side to bm: s scales by a = exp(m - bm),
+ * and t = sum e (z - m) (t: the same side's weights and shift) becomes
+ * a (t + (m - bm) s). The cross term c = sum e_r ((r - rm) - (z - m)) moves
+ * with both sides: pass the reference side's (RS, &C) when raising the
+ * model side (c += (bm - m) RS, as z - m drops), and its own (&C) as t
+ * when raising the reference side. */
+LM_INLINE void LM_FN(raise_)(double *m, double *s, double *t, double rs, double *c, double bm) {
+    if (c && rs != 0.0) *c += (bm - *m) * rs;
     if (*s != 0.0) {
         double a = exp(*m - bm);
         if (t) *t = a * (*t + (*m - bm) * *s);
-        if (c) *c *= a;
         *s *= a;
     }
     *m = bm;
@@ -215,7 +225,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     const int64_t nblocks = nmain + (nv < n);
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
     double M = -INFINITY, S = 0.0, T = 0.0, RM = -INFINITY, RS = 0.0, C = 0.0;
-    int64_t am = -1, ram = -1;
+    int64_t am = -1, ram = -1, kz = -1, kr = -1; /* blocks of the final maxima */
     LANE_T bm, brm = (LANE_T)-INFINITY;
 
     memset(st, 0, sizeof *st);
@@ -242,18 +252,18 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     }
     for (int64_t k = 0; k < nblocks; k++) {
         const LM_ELEM *zp, *rp, *zn = NULL, *rn = NULL;
-        int64_t len, nlen = 0, start = k < nmain ? k * LM_BLK : nv;
+        int64_t len, nlen = 0;
         LM_FN(acc_) acc;
         LM_BLOCK_AT(k, zp, rp, len);
         if (k + 1 < nblocks) LM_BLOCK_AT(k + 1, zn, rn, nlen);
         if (bm == INFINITY || brm == INFINITY) { st->posinf = 1; return; }
         if (bm > M) {
-            if (amax) am = start + LM_FN(find_)(zp, len, bm, capped, vc, vic);
-            LM_FN(raise_)(&M, &S, ent ? &T : NULL, NULL, bm);
+            kz = k;
+            LM_FN(raise_)(&M, &S, ent ? &T : NULL, RS, ref ? &C : NULL, bm);
         }
         if (ref && brm > RM) {
-            if (amax) ram = start + LM_FN(find_)(rp, len, brm, capped, vc, vic);
-            LM_FN(raise_)(&RM, &RS, NULL, &C, brm);
+            kr = k;
+            LM_FN(raise_)(&RM, &RS, &C, 0.0, NULL, brm);
         }
         /* With M == -inf so far (all -inf), exponentiate against 0 and drop
          * the sums: the pass still looks for NaN. */
@@ -267,6 +277,16 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         bm = acc.nmax;
         brm = acc.nrmax;
     }
+    /* The maxima rise only at blocks whose max exceeds all before: the
+     * first argmax lies in the block of the last rise. */
+#define LM_FIND_IN(k, base, tail, mx)                                          \
+    ((k) < nmain ? (k) * LM_BLK + LM_FN(find_)((base) + (k) * LM_BLK,           \
+                       nv - (k) * LM_BLK < LM_BLK ? nv - (k) * LM_BLK : LM_BLK,   \
+                       (LANE_T)(mx), capped, vc, vic)                          \
+                 : nv + LM_FN(find_)(tail, LM_STEP, (LANE_T)(mx), capped, vc, vic))
+    if (amax && kz >= 0) am = LM_FIND_IN(kz, z, tz, M);
+    if (amax && ref && kr >= 0) ram = LM_FIND_IN(kr, r, tr, RM);
+#undef LM_FIND_IN
 #undef LM_BLOCK_AT
     st->m = M; st->s = S; st->t = T; st->amax = am;
     st->rm = RM; st->rs = RS; st->c = C; st->ramax = ram;

@@ -159,21 +159,28 @@ static double lm_scale(double m, double s, double M) {
     return s == 0.0 ? 0.0 : exp(m - M);
 }
 
+/* the cross term of x moved to the common maxima (M, RM): each of its
+ * terms e_r ((r - rm) - (z - m)) becomes a e_r ((r - RM) - (z - M)) */
+static double lm_cross(const lm_state *x, double M, double RM) {
+    double a = lm_scale(x->rm, x->rs, RM);
+    if (a == 0.0) return 0.0;
+    return a * (x->c + ((M == x->m ? 0.0 : M - x->m) + (x->rm - RM)) * x->rs);
+}
+
 /* a <- a followed by b (b's indices start at offset) */
 static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
-    double M = a->m > b->m ? a->m : b->m;
+    double M = a->m > b->m ? a->m : b->m, RM = a->rm > b->rm ? a->rm : b->rm;
     double ea = lm_scale(a->m, a->s, M), eb = lm_scale(b->m, b->s, M);
+    a->c = lm_cross(a, M, RM) + lm_cross(b, M, RM);
     a->t = (ea ? ea * (a->t + (a->m - M) * a->s) : 0.0) + (eb ? eb * (b->t + (b->m - M) * b->s) : 0.0);
     a->s = a->s * ea + b->s * eb;
     if (b->m > a->m && b->amax >= 0) a->amax = b->amax + offset;
     a->m = M;
-    M = a->rm > b->rm ? a->rm : b->rm;
-    ea = lm_scale(a->rm, a->rs, M);
-    eb = lm_scale(b->rm, b->rs, M);
+    ea = lm_scale(a->rm, a->rs, RM);
+    eb = lm_scale(b->rm, b->rs, RM);
     a->rs = a->rs * ea + b->rs * eb;
-    a->c = (ea ? a->c * ea : 0.0) + (eb ? b->c * eb : 0.0);
     if (b->rm > a->rm && b->ramax >= 0) a->ramax = b->ramax + offset;
-    a->rm = M;
+    a->rm = RM;
     a->posinf |= b->posinf;
     a->nan_found |= b->nan_found;
 }
@@ -256,7 +263,7 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     }
     if (j->entropy) j->entropy[i] = ls - st->t / st->s;
     if (j->argmax) j->argmax[i] = st->amax;
-    if (j->kl) j->kl[i] = st->c / st->rs - (st->rm + log(st->rs)) + (st->m + ls);
+    if (j->kl) j->kl[i] = st->c / st->rs - log(st->rs) + ls;
     if (j->ref_argmax) j->ref_argmax[i] = st->ramax;
     return LM_OK;
 }

@@ -16,7 +16,8 @@
 
 /* The state of one segment (or a merged row). Model side: m = max,
  * s = sum exp(z - m), t = sum exp(z - m) * (z - m), amax = first argmax.
- * Reference side: rm, rs, ramax likewise; c = sum exp(r - rm) * (r - z).
+ * Reference side: rm, rs, ramax likewise; c = sum exp(r - rm) * ((r - rm) - (z - m)),
+ * so that KL = c / rs - log rs + log s.
  * posinf: the segment holds +inf (the row takes the exact slow path). */
 typedef struct {
     double m, s, t;

@@ -24,6 +24,8 @@ typedef float LANE_T;
         _mm256_slli_epi32(_mm256_castps_si256(t), 23)))
 #define v_sel_n0(n, a, b)                                                      \
     _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
+/* nonzero when some lane of a equals the same lane of b */
+#define v_any_eq(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ))
 #define v_zero_neginf(x, r)                                                    \
     _mm256_and_ps(x, _mm256_cmp_ps(r, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ))
 

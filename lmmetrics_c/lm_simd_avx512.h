@@ -26,6 +26,8 @@ typedef float LANE_T;
         _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
 #define v_sel_n0(n, a, b)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
+/* nonzero when some lane of a equals the same lane of b */
+#define v_any_eq(a, b) _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ)
 #define v_zero_neginf(x, r)                                                    \
     _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), x)
 

@@ -14,6 +14,7 @@
 #undef v_scale
 #undef v_sel_n0
 #undef v_zero_neginf
+#undef v_any_eq
 
 #define LM_ISA_TAG scalar
 #define VF LANE_T
@@ -31,6 +32,7 @@
 #define v_copysign(m, s) ((LANE_T)copysign(m, s))
 #define v_scale(p, t) ((t) == (t) ? (LANE_T)ldexp(p, (int)((t) - LM_MAGIC)) : (t))
 #define v_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
+#define v_any_eq(a, b) ((a) == (b))
 #define v_zero_neginf(x, r) ((r) == -INFINITY ? (LANE_T)0 : (x))
 
 #define LM_LOAD2_F32(p, a, b) do { a = (p)[0]; b = (p)[1]; } while (0)
