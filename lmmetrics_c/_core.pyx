@@ -24,6 +24,7 @@ cdef extern from "lm_kernel.h" nogil:
         int64_t *argmax
         double *kl
         int64_t *ref_argmax
+        double *ref_nll
         int num_threads
 
     int lm_run(const lm_job *job, int64_t *bad_row)
@@ -59,7 +60,7 @@ def run(int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner,
         uintptr_t ref, int64_t ref_row_stride, int64_t ref_outer_stride,
         uintptr_t targets, int64_t ignore_index, double softcap,
         uintptr_t nll, uintptr_t entropy, uintptr_t argmax,
-        uintptr_t kl, uintptr_t ref_argmax, int num_threads):
+        uintptr_t kl, uintptr_t ref_argmax, uintptr_t ref_nll, int num_threads):
     """Run one job; returns (status, first bad row). The caller keeps every
     buffer alive and correctly sized for the duration of the call."""
     cdef lm_job job
@@ -83,6 +84,7 @@ def run(int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner,
     job.argmax = <int64_t *>argmax
     job.kl = <double *>kl
     job.ref_argmax = <int64_t *>ref_argmax
+    job.ref_nll = <double *>ref_nll
     job.num_threads = num_threads
     with nogil:
         status = lm_run(&job, &bad)

@@ -236,6 +236,7 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
     if (er.nan) return LM_ERR_NAN_REF;
     if (er.m == -INFINITY && !er.ninf) return LM_ERR_EMPTY_REF;
     if (j->ref_argmax) j->ref_argmax[i] = er.amax;
+    if (j->ref_nll) j->ref_nll[i] = -lm_exact_logp(j, &er, r, j->targets[i]);
     if (j->kl) {
         double kl = 0.0;
         for (int64_t k = 0; k < j->n_cols; k++) {
@@ -265,6 +266,10 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     if (j->argmax) j->argmax[i] = st->amax;
     if (j->kl) j->kl[i] = st->c / st->rs - log(st->rs) + ls;
     if (j->ref_argmax) j->ref_argmax[i] = st->ramax;
+    if (j->ref_nll) {
+        const char *r = lm_row(x, &j->ref, i);
+        j->ref_nll[i] = st->rm + log(st->rs) - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]));
+    }
     return LM_OK;
 }
 
@@ -274,6 +279,7 @@ static void lm_skip(const lm_job *j, int64_t i) {
     if (j->argmax) j->argmax[i] = -1;
     if (j->kl) j->kl[i] = 0.0;
     if (j->ref_argmax) j->ref_argmax[i] = -1;
+    if (j->ref_nll) j->ref_nll[i] = 0.0;
 }
 
 static int lm_whole_row(const lm_ctx *x, int64_t i) {
@@ -295,7 +301,8 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
 
     *bad_row = -1;
     if (n < 0 || j->n_cols < 1 || j->rows_inner < 1 || j->dtype < 0 || j->dtype >= LM_NDTYPES ||
-        !j->logits.base || (j->nll && !j->targets) || ((j->kl || j->ref_argmax) && !j->ref.base))
+        !j->logits.base || ((j->nll || j->ref_nll) && !j->targets) ||
+        ((j->kl || j->ref_argmax || j->ref_nll) && !j->ref.base))
         return LM_ERR_ARGS;
     if (n == 0) return LM_OK;
     x.job = j;

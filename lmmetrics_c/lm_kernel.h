@@ -45,6 +45,7 @@ typedef struct {
     int64_t *argmax;
     double *kl;
     int64_t *ref_argmax;
+    double *ref_nll;         /* NLL of the target under the reference */
     int num_threads;         /* <= 0: the OpenMP default */
 } lm_job;
 

@@ -1,18 +1,20 @@
-"""The one path from Python to the native core.
+"""The one path from the public functions to a computation.
 
 Every metric calls :func:`run`, which validates arguments with the GIL held,
-allocates the per-row float64 outputs, calls the core once (GIL released,
-OpenMP inside) and raises a clear exception for bad rows.
+allocates the per-row float64 outputs, calls the native core once (GIL
+released, OpenMP inside) and raises a clear exception for bad rows. CUDA
+tensors take the same path up to the computation, which torch does on their
+device (:mod:`lmmetrics._cuda`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from . import _core
-from ._inputs import Logits, _position, as_logits, as_targets
+from ._inputs import Logits, _position, as_logits, as_targets, is_cuda
 
 _ERRORS = {
     1: "NaN in {name} at row {row} (position {pos})",
@@ -26,7 +28,10 @@ _ERRORS = {
 class RowResults:
     """Per-row outputs of one pass (numpy, float64 / int64, flattened rows)."""
 
-    logits: Logits
+    lead_shape: Tuple[int, ...]    # the logits shape without the vocabulary axis
+    n_cols: int                    # vocabulary size
+    dtype: str                     # logits dtype name
+    device: Any                    # None for numpy input, else the torch device
     targets: Optional[np.ndarray]  # int64, flattened; None without targets
     counted: np.ndarray            # bool mask of counted rows
     nll: Optional[np.ndarray] = None
@@ -34,6 +39,7 @@ class RowResults:
     argmax: Optional[np.ndarray] = None
     kl: Optional[np.ndarray] = None
     ref_argmax: Optional[np.ndarray] = None
+    ref_nll: Optional[np.ndarray] = None
 
 
 def check_threads(num_threads: Optional[int]) -> int:
@@ -61,15 +67,22 @@ def check_ignore_index(ignore_index: Any) -> int:
 
 def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: int = -100,
         softcap: Optional[float] = None, num_threads: Optional[int] = None,
-        nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False) -> RowResults:
+        nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False,
+        ref_nll: bool = False) -> RowResults:
     """One read of the logits (and reference logits) computing what is asked."""
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)
-    lg = as_logits(logits)
+    if (kl or ref_nll) and reference is None:
+        raise ValueError("reference_logits are required for the KL divergence")
+    cuda = None
+    if is_cuda(logits) or is_cuda(reference):
+        from . import _cuda as cuda
+    describe = cuda.describe if cuda else as_logits
+    lg = describe(logits)
     ref = None
     if reference is not None:
-        ref = as_logits(reference, "reference_logits")
+        ref = describe(reference, "reference_logits")
         if ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
             raise ValueError(
                 f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
@@ -78,22 +91,27 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
             raise TypeError(
                 f"reference_logits dtype {ref.dtype} differs from logits dtype {lg.dtype}; "
                 f"convert one of them so that both match")
-        lg, ref = _same_layout(lg, ref)
+        if not cuda:
+            lg, ref = _same_layout(lg, ref)
     if targets is not None:
         tgt, counted = as_targets(targets, lg, ignore)
     else:
-        if nll:
+        if nll or ref_nll:
             raise ValueError("targets are required for the NLL")
         tgt, counted = None, np.ones(lg.n_rows, dtype=bool)
 
     n = lg.n_rows
-    out = RowResults(lg, tgt, counted)
+    out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, counted)
     out.nll = np.empty(n, np.float64) if nll else None
     out.entropy = np.empty(n, np.float64) if entropy else None
     out.argmax = np.empty(n, np.int64) if argmax else None
     out.kl = np.empty(n, np.float64) if kl else None
     out.ref_argmax = np.empty(n, np.int64) if (ref is not None and argmax) else None
+    out.ref_nll = np.empty(n, np.float64) if (ref is not None and ref_nll) else None
     if n == 0:
+        return out
+    if cuda:
+        cuda.compute(lg, ref, out, ignore, cap)
         return out
 
     def ptr(a):
@@ -104,15 +122,24 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         lg.ptr, lg.row_stride, lg.outer_stride,
         ref.ptr if ref else 0, ref.row_stride if ref else 0, ref.outer_stride if ref else 0,
         ptr(tgt), ignore, cap,
-        ptr(out.nll), ptr(out.entropy), ptr(out.argmax), ptr(out.kl), ptr(out.ref_argmax),
+        ptr(out.nll), ptr(out.entropy), ptr(out.argmax), ptr(out.kl), ptr(out.ref_argmax), ptr(out.ref_nll),
         threads)
     if status in _ERRORS:
-        raise ValueError(_ERRORS[status].format(name="logits", row=bad, pos=_position(bad, out.logits.lead_shape)))
+        raise row_error(status, bad, lg.lead_shape)
     if status == 6:
         raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
     if status != 0:
         raise RuntimeError(f"lmmetrics: internal error {status} in the native core")
     return out
+
+
+def row_error(status: int, row: int, lead_shape) -> ValueError:
+    """The exception for a bad row (status 1-4 of the core)."""
+    return ValueError(_ERRORS[status].format(name="logits", row=row, pos=_position(row, lead_shape)))
+
+
+def _device(x):
+    return x.device if hasattr(x, "device") and not isinstance(x, np.ndarray) else None
 
 
 def _regroup(x: Logits, rows_inner: int) -> Logits:

@@ -21,15 +21,15 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 def _per_position(values: np.ndarray, res: _engine.RowResults, dtype=None):
-    """Per-row values shaped like the targets; torch in gives torch out."""
-    lg = res.logits
+    """Per-row values shaped like the logits without their vocabulary axis;
+    a torch tensor on the logits' device when the logits are a tensor."""
     if dtype is None:
-        dtype = np.float64 if lg.dtype == "float64" else np.float32
-    arr = values.astype(dtype, copy=False).reshape(lg.lead_shape)
-    if lg.torch:
+        dtype = np.float64 if res.dtype == "float64" else np.float32
+    arr = values.astype(dtype, copy=False).reshape(res.lead_shape)
+    if res.device is not None:
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        return torch.from_numpy(np.ascontiguousarray(arr)).to(res.device)
     return arr
 
 
@@ -111,7 +111,7 @@ def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: 
     both sums: ``sum NLL / (ln 2 * sum bytes)``; ``inf`` when no byte counted.
     """
     res = _nll(logits, targets, ignore_index, softcap, num_threads)
-    return _per_unit(res, as_table(token_bytes, res.logits.n_cols, "token_bytes"), skip_zero=True)
+    return _per_unit(res, as_table(token_bytes, res.n_cols, "token_bytes"), skip_zero=True)
 
 
 def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None, ignore_index: int = -100,
@@ -127,4 +127,35 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None, ig
     res = _nll(logits, targets, ignore_index, softcap, num_threads)
     if token_chars is None:
         return _mean(float(np.sum(res.nll)), int(np.count_nonzero(res.counted))) / LN2
-    return _per_unit(res, as_table(token_chars, res.logits.n_cols, "token_chars"), skip_zero=False)
+    return _per_unit(res, as_table(token_chars, res.n_cols, "token_chars"), skip_zero=False)
+
+
+def token_entropy(logits: Any, *, softcap: Optional[float] = None, num_threads: Optional[int] = None):
+    """Predictive entropy ``-sum p log p`` of each row in nats, shaped like
+    the logits without their vocabulary axis (``p = softmax(logits)``;
+    entries of probability 0, from -inf logits, add nothing)."""
+    res = _engine.run(logits, softcap=softcap, num_threads=num_threads, entropy=True)
+    return _per_position(res.entropy, res)
+
+
+def token_kl(reference_logits: Any, logits: Any, *, num_threads: Optional[int] = None):
+    """``KL(softmax(reference_logits) || softmax(logits))`` of each row in
+    nats, shaped like the logits without their vocabulary axis. Both inputs
+    have the same shape and dtype; the reference is the distribution the
+    expectation is taken over (the base model when judging a quantized one).
+    ``inf`` where the reference gives mass to an entry the model rules out."""
+    res = _engine.run(logits, reference=reference_logits, num_threads=num_threads, kl=True)
+    return _per_position(res.kl, res)
+
+
+def kl_divergence(reference_logits: Any, logits: Any, *, reduction: str = "mean",
+                  num_threads: Optional[int] = None):
+    """KL(P_ref || P_model) over rows: ``"mean"`` (nats per row), ``"sum"``
+    or ``"none"`` (as :func:`token_kl`). Sums are taken in float64."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    res = _engine.run(logits, reference=reference_logits, num_threads=num_threads, kl=True)
+    if reduction == "none":
+        return _per_position(res.kl, res)
+    total = float(np.sum(res.kl))
+    return total if reduction == "sum" else _mean(total, res.kl.size)

@@ -1,0 +1,170 @@
+"""CUDA tensors: the same per-row quantities as the native core, computed by
+torch on the tensor's device, a bounded chunk of rows at a time.
+
+:func:`lmmetrics._engine.run` validates and allocates as for CPU input, then
+calls :func:`compute` here instead of the native core. Each chunk is cast to
+float32 (float64 stays float64) and reduced to per-row values; only those
+(8 bytes a row) come back to the host, where sums are taken in float64. The
+semantics are the native core's: ignored rows are not checked and get 0 / -1,
+NaN or an all -inf row among the counted rows is an error, +inf logits share
+the probability mass equally.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Tuple
+
+import numpy as np
+
+_DEFAULT_CHUNK_BYTES = 256 * 2**20
+_chunk_bytes = _DEFAULT_CHUNK_BYTES
+
+# float32 temporaries of one row's length that one chunk row may hold at once
+_TEMPS_NLL = 3
+_TEMPS_ROW = 5
+_TEMPS_REF = 9
+
+
+def set_cuda_chunk_bytes(nbytes: Optional[int] = None) -> int:
+    """Bound the extra GPU memory used for CUDA logits (default 256 MiB).
+
+    Rows are processed in chunks whose temporaries fit in ``nbytes``; at
+    least one row is processed at a time. ``None`` restores the default.
+    Returns the previous value.
+    """
+    global _chunk_bytes
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer))
+                               or nbytes < 1):
+        raise ValueError(f"nbytes must be a positive integer or None, got {nbytes!r}")
+    old, _chunk_bytes = _chunk_bytes, int(nbytes) if nbytes is not None else _DEFAULT_CHUNK_BYTES
+    return old
+
+
+@dataclass
+class CudaLogits:
+    """A CUDA logits tensor as the engine sees it."""
+
+    keep: Any
+    dtype: str
+    lead_shape: Tuple[int, ...]
+    n_cols: int
+    n_rows: int
+
+
+def describe(x: Any, name: str = "logits") -> CudaLogits:
+    import torch
+
+    from ._inputs import is_cuda
+
+    if not is_cuda(x):
+        where = x.device if isinstance(x, torch.Tensor) else "the host"
+        raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
+                         f"put both on the same device")
+    names = {torch.float32: "float32", torch.float64: "float64",
+             torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    if x.dtype not in names:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
+    shape = tuple(int(n) for n in x.shape)
+    if shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
+    return CudaLogits(x.detach(), names[x.dtype], shape[:-1], shape[-1], math.prod(shape[:-1]))
+
+
+def _row_blocks(z, r) -> Iterator[Tuple[Any, Any]]:
+    """z (and r, of the same shape, or None) as consecutive 2-D (rows, V)
+    views of the same rows, without copying."""
+    if z.dim() == 1:
+        yield z.unsqueeze(0), None if r is None else r.unsqueeze(0)
+        return
+    try:
+        yield z.view(-1, z.shape[-1]), None if r is None else r.view(-1, r.shape[-1])
+    except RuntimeError:  # not viewable as one block: split the first axis
+        for i in range(z.shape[0]):
+            yield from _row_blocks(z[i], None if r is None else r[i])
+
+
+def _side(x, cap: float):
+    """Compute-dtype logits (capped) and their logsumexp per row; rows holding
+    +inf become 0 at the +inf entries and -inf elsewhere (equal shares)."""
+    import torch
+
+    z = x if x.dtype == torch.float64 else x.float()
+    if cap:
+        z = torch.tanh(z / cap) * cap
+    lse = torch.logsumexp(z, 1)
+    nan = torch.isnan(lse)
+    posinf = lse == math.inf
+    if bool(posinf.any()):
+        nan = nan | (posinf & torch.isnan(z).any(1))
+        z = torch.where(posinf[:, None], torch.where(z == math.inf, 0.0, -math.inf).to(z.dtype), z)
+        lse = torch.logsumexp(z, 1)
+    return z, lse, nan, lse == -math.inf
+
+
+def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, cap: float) -> None:
+    """Fill out's per-row arrays (numpy, on the host) from the CUDA tensors."""
+    import torch
+
+    from ._engine import row_error
+
+    dev = lg.keep.device
+    temps = _TEMPS_REF if ref is not None else (
+        _TEMPS_ROW if out.entropy is not None or out.argmax is not None else _TEMPS_NLL)
+    step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
+    tgt_all = torch.from_numpy(out.targets).to(dev) if out.targets is not None else None
+    counted_all = torch.from_numpy(out.counted).to(dev)
+    pos = 0
+    for zb, rb in _row_blocks(lg.keep, None if ref is None else ref.keep):
+        for a in range(0, zb.shape[0], step):
+            i0 = pos + a
+            i1 = min(pos + zb.shape[0], i0 + step)
+            _chunk(zb[a:a + step], None if rb is None else rb[a:a + step],
+                   None if tgt_all is None else tgt_all[i0:i1], counted_all[i0:i1],
+                   out, i0, i1, cap, lg.lead_shape, row_error)
+        pos += zb.shape[0]
+
+
+def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
+    import torch
+
+    z, lse, nan, empty = _side(x, cap)
+    bad = (nan | empty) & counted
+    if r is not None:
+        rz, rlse, rnan, rempty = _side(r, cap)
+        bad = bad | ((rnan | rempty) & counted)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
+        status = 1 if nan[i] else 3 if empty[i] else 2 if rnan[i] else 4
+        raise row_error(status, i0 + i, lead_shape)
+
+    def put(name, values, fill):
+        arr = getattr(out, name)
+        if arr is not None:
+            arr[i0:i1] = torch.where(counted, values, fill).cpu().numpy()
+
+    safe = torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
+    if out.nll is not None:
+        put("nll", (lse - z.gather(1, safe)[:, 0]).double(), 0.0)
+    logp = None
+    if out.entropy is not None or out.kl is not None:
+        logp = z - lse[:, None]
+        if out.entropy is not None:
+            p = torch.exp(logp)
+            put("entropy", -(p * logp.clamp(min=torch.finfo(z.dtype).min)).sum(1, dtype=torch.float64), 0.0)
+            del p
+    if out.argmax is not None:
+        put("argmax", torch.argmax(z, 1), -1)
+    if r is None:
+        return
+    if out.ref_nll is not None:
+        put("ref_nll", (rlse - rz.gather(1, safe)[:, 0]).double(), 0.0)
+    if out.ref_argmax is not None:
+        put("ref_argmax", torch.argmax(rz, 1), -1)
+    if out.kl is not None:
+        rlogp = rz - rlse[:, None]
+        pr = torch.exp(rlogp)
+        terms = pr * (rlogp - logp)
+        put("kl", torch.where(pr > 0, terms, 0.0).sum(1, dtype=torch.float64), 0.0)

@@ -1,0 +1,177 @@
+"""A model against its reference: the statistics llama.cpp's perplexity
+tool prints for a quantized model against its base model (``--kl-divergence``),
+computed exactly from both logits in one read (float64 sums, no 16-bit
+storage of the reference, no cutoff).
+
+Per counted token t: nll_m and nll_r (the model's and the reference's NLL of
+the target), kld_t = KL(P_ref || P_model), same_t (argmax agreement) and
+dp_t = exp(-nll_m) - exp(-nll_r). A mean f = s / n of n values with sums s,
+s2 has the uncertainty sqrt((s2 / n - f^2) / (n - 1)) when that is positive
+and n > 10, else 0.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from . import _engine
+
+KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0, 0.1)
+DELTA_P_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 75.0, 50.0, 25.0, 10.0, 5.0, 1.0, 0.1)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A value with its uncertainty (one standard error)."""
+
+    value: float
+    uncertainty: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.6f} ± {self.uncertainty:.6f}"
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Mean (with uncertainty), extremes and percentiles of per-token values.
+    Percentiles interpolate linearly at f (n - 1) on the sorted values."""
+
+    mean: Estimate
+    max: float
+    min: float
+    median: float
+    percentiles: Dict[float, float] = field(default_factory=dict)
+
+    def ordered(self):
+        """(percent, value) from the highest percentile down, the median
+        in its place."""
+        items = {**self.percentiles, 50.0: self.median}
+        return sorted(items.items(), reverse=True)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`compare` returns; ``str()`` prints llama.cpp's tables."""
+
+    tokens: int
+    ppl: Estimate             #: exp(mean nll) of the model
+    ppl_ref: Estimate         #: exp(mean nll) of the reference
+    correlation: float        #: of the per-token nll of model and reference
+    ln_ratio: Estimate        #: mean ln(PPL / PPL_ref)
+    ratio: Estimate           #: PPL / PPL_ref
+    delta_ppl: Estimate       #: PPL - PPL_ref
+    kld: Distribution         #: KL(P_ref || P_model) per token, nats
+    delta_p: Distribution     #: p_model(target) - p_ref(target) per token
+    rms_delta_p: Estimate     #: sqrt(mean dp^2)
+    same_top: Estimate        #: fraction of tokens whose argmaxes agree
+
+    def as_dict(self) -> Dict[str, Any]:
+        """Nested plain dicts (JSON-ready; percentile keys as strings)."""
+        d = asdict(self)
+        for k in ("kld", "delta_p"):
+            d[k]["percentiles"] = {_pct_name(p): v for p, v in d[k]["percentiles"].items()}
+        return d
+
+    def __str__(self) -> str:
+        def row(name, value):
+            return f"{name:<32}: {value}"
+
+        def pct(e: Estimate, scale=100.0):
+            return f"{e.value * scale:9.3f} ± {e.uncertainty * scale:.3f} %"
+
+        lines = ["====== Perplexity statistics ======",
+                 row("Mean PPL(Q)", self.ppl),
+                 row("Mean PPL(base)", self.ppl_ref),
+                 row("Cor(ln(PPL(Q)), ln(PPL(base)))", f"{100 * self.correlation:.2f}%"),
+                 row("Mean ln(PPL(Q)/PPL(base))", self.ln_ratio),
+                 row("Mean PPL(Q)/PPL(base)", self.ratio),
+                 row("Mean PPL(Q)-PPL(base)", self.delta_ppl),
+                 "",
+                 "====== KL divergence statistics ======",
+                 row("Mean    KLD", self.kld.mean),
+                 row("Maximum KLD", f"{self.kld.max:.6f}")]
+        lines += [row(f"{_pct_name(p):<7} KLD", f"{v:.6f}") for p, v in self.kld.ordered()]
+        lines += [row("Minimum KLD", f"{self.kld.min:.6f}"),
+                  "",
+                  "====== Token probability statistics ======",
+                  row("Mean    Δp", pct(self.delta_p.mean)),
+                  row("Maximum Δp", f"{100 * self.delta_p.max:9.3f}%")]
+        lines += [row(f"{_pct_name(p):<7} Δp", f"{100 * v:9.3f}%") for p, v in self.delta_p.ordered()]
+        lines += [row("Minimum Δp", f"{100 * self.delta_p.min:9.3f}%"),
+                  row("RMS Δp", pct(self.rms_delta_p)),
+                  row("Same top p", pct(self.same_top)),
+                  row("Tokens", str(self.tokens))]
+        return "\n".join(lines)
+
+
+def _pct_name(p: float) -> str:
+    return "Median" if p == 50.0 else f"{p:g}%"
+
+
+def _mean_sigma(s: float, s2: float, n: int) -> Tuple[float, float]:
+    """mean and its uncertainty from the sum and the sum of squares"""
+    f = s / n
+    var = (s2 / n - f * f) / (n - 1) if n > 1 else 0.0
+    return f, math.sqrt(var) if var > 0 and n > 10 else 0.0
+
+
+def _distribution(x: np.ndarray, pcts) -> Distribution:
+    n = x.size
+    mean, sigma = _mean_sigma(float(np.sum(x)), float(np.sum(x * x)), n)
+    q = np.quantile(x, [p / 100.0 for p in pcts]) if n else [math.nan] * len(pcts)
+    per = {p: float(v) for p, v in zip(pcts, q)}
+    return Distribution(Estimate(mean, sigma), float(x.max()), float(x.min()),
+                        float(np.median(x)), {p: v for p, v in per.items() if p != 50.0})
+
+
+def comparison_from_tokens(nll_m: np.ndarray, nll_r: np.ndarray, kld: np.ndarray,
+                           same: np.ndarray) -> Comparison:
+    """The statistics from per-token float64 values of the counted tokens."""
+    n = int(nll_m.size)
+    if n == 0:
+        raise ValueError("no counted token to compare (every target is ignored)")
+    mean_m, sig_m = _mean_sigma(float(np.sum(nll_m)), float(np.sum(nll_m * nll_m)), n)
+    mean_r, sig_r = _mean_sigma(float(np.sum(nll_r)), float(np.sum(nll_r * nll_r)), n)
+    cov = (float(np.sum(nll_m * nll_r)) / n - mean_m * mean_r) / (n - 1) if n > 1 else 0.0
+    ppl, ppl_r = math.exp(mean_m), math.exp(mean_r)
+    u_m, u_r = ppl * sig_m, ppl_r * sig_r
+    corr = cov / (sig_m * sig_r) if sig_m > 0 and sig_r > 0 else math.nan
+    ln_ratio = mean_m - mean_r
+    ln_unc = math.sqrt(max(sig_m ** 2 + sig_r ** 2 - 2 * cov, 0.0))
+    ratio = math.exp(ln_ratio)
+    d_unc = math.sqrt(max(u_m ** 2 + u_r ** 2 - 2 * ppl * ppl_r * cov, 0.0))
+    dp = np.exp(-nll_m) - np.exp(-nll_r)
+    dp2 = dp * dp
+    ms, ms_sig = _mean_sigma(float(np.sum(dp2)), float(np.sum(dp2 * dp2)), n)
+    rms = math.sqrt(ms)
+    k = int(np.count_nonzero(same))
+    p_same = k / n
+    return Comparison(
+        tokens=n,
+        ppl=Estimate(ppl, u_m), ppl_ref=Estimate(ppl_r, u_r), correlation=corr,
+        ln_ratio=Estimate(ln_ratio, ln_unc), ratio=Estimate(ratio, ratio * ln_unc),
+        delta_ppl=Estimate(ppl - ppl_r, d_unc),
+        kld=_distribution(kld, KLD_PERCENTILES),
+        delta_p=_distribution(dp, DELTA_P_PERCENTILES),
+        rms_delta_p=Estimate(rms, 0.5 / rms * ms_sig if rms > 0 else 0.0),
+        same_top=Estimate(p_same, math.sqrt(p_same * (1 - p_same) / (n - 1)) if n > 1 else 0.0))
+
+
+def compare(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: int = -100,
+            num_threads: Optional[int] = None) -> Comparison:
+    """Compare a model's logits with a reference model's on the same tokens
+    (llama.cpp's ``perplexity --kl-divergence`` statistics, exactly).
+
+    Both logits are (..., V) with the same shape and dtype; ``targets`` (...)
+    as for :func:`cross_entropy`. Both buffers are read once, together.
+
+    >>> print(compare(base_logits, quant_logits, targets))   # doctest: +SKIP
+    """
+    res = _engine.run(logits, targets, reference_logits, ignore_index=ignore_index,
+                      num_threads=num_threads, nll=True, ref_nll=True, kl=True, argmax=True)
+    c = res.counted
+    return comparison_from_tokens(res.nll[c], res.ref_nll[c], res.kl[c],
+                                  res.argmax[c] == res.ref_argmax[c])

@@ -1,0 +1,244 @@
+"""Every metric from one read of the logits, in one call or streamed.
+
+:func:`evaluate` reads the logits once and returns :class:`Metrics`: the
+NLL-based numbers (loss, perplexity, bits per token and per byte), top-1
+accuracy, mean predictive entropy and, given reference logits, the mean KL
+divergence and top-1 agreement. :class:`Evaluator` accumulates the same sums
+batch by batch (float64), merges across workers and all-reduces across
+``torch.distributed`` ranks. :func:`evaluate_bpb` is a drop-in for
+nanochat's ``evaluate_bpb``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterable, Optional
+
+import numpy as np
+
+from . import _engine
+from ._inputs import as_table
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What :func:`evaluate` and :meth:`Evaluator.compute` report.
+
+    Means are over counted tokens (targets neither negative nor
+    ``ignore_index``); nan when no token was counted. Values in nats unless
+    the name says bits.
+    """
+
+    tokens: int                       #: counted tokens
+    ignored: int                      #: positions ignored
+    bytes: Optional[int]              #: UTF-8 bytes of the counted targets (with token_bytes)
+    nll_sum: float                    #: summed NLL of the counted tokens
+    loss: float                       #: mean NLL (cross-entropy)
+    perplexity: float                 #: exp(loss)
+    bits_per_token: float             #: loss / ln 2
+    bits_per_byte: Optional[float]    #: nanochat's bpb (with token_bytes); inf without bytes
+    accuracy: float                   #: fraction whose argmax is the target (lowest index on ties)
+    entropy: float                    #: mean predictive entropy
+    kl: Optional[float] = None        #: mean KL(P_ref || P_model) (with reference logits, else None)
+    same_top: Optional[float] = None  #: fraction whose argmax agrees with the reference's
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields as a plain dict (JSON-ready)."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        rows = []
+        for k, v in self.as_dict().items():
+            if v is None:
+                continue
+            rows.append(f"{k:<16}{v}" if isinstance(v, int) else f"{k:<16}{v:.6g}")
+        return "\n".join(rows)
+
+
+# The state: sums over everything seen, in a fixed order (see state_dict).
+_COUNTS = ("tokens", "ignored", "bytes", "correct", "kl_tokens", "same_top")
+_SUMS = ("nll_sum", "nll_sum_bytes", "entropy_sum", "kl_sum")
+
+
+class Evaluator:
+    """Streaming metrics: ``update`` per batch, ``compute`` at the end.
+
+    >>> ev = Evaluator(token_bytes=token_bytes)          # doctest: +SKIP
+    >>> for x, y in loader:                               # doctest: +SKIP
+    ...     ev.update(model(x).logits, y)
+    >>> ev.all_reduce()                                   # doctest: +SKIP
+    >>> print(ev.compute().bits_per_byte)                 # doctest: +SKIP
+
+    Each update reads its logits once (NLL, entropy, argmax and, with
+    ``reference_logits``, KL in the same pass) and adds to float64 sums, so
+    updating chunk by chunk gives the numbers of one call on everything.
+    ``kl`` and ``same_top`` are over the counted tokens of updates given
+    reference logits (None when there were none).
+    """
+
+    def __init__(self, *, token_bytes: Any = None, ignore_index: int = -100,
+                 softcap: Optional[float] = None, num_threads: Optional[int] = None):
+        self.ignore_index = _engine.check_ignore_index(ignore_index)
+        _engine.check_softcap(softcap)
+        _engine.check_threads(num_threads)
+        self.softcap = softcap
+        self.num_threads = num_threads
+        self._token_bytes_in = token_bytes
+        self._token_bytes: Optional[np.ndarray] = None
+        self._full = True  # entropy and accuracy as well as the NLL
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything seen."""
+        self._state = {k: 0 for k in _COUNTS}
+        self._state.update({k: 0.0 for k in _SUMS})
+
+    def _table(self, n_cols: int) -> Optional[np.ndarray]:
+        if self._token_bytes_in is None:
+            return None
+        if self._token_bytes is None or self._token_bytes.shape[0] != n_cols:
+            self._token_bytes = as_table(self._token_bytes_in, n_cols, "token_bytes")
+        return self._token_bytes
+
+    def update(self, logits: Any, targets: Any, reference_logits: Any = None) -> None:
+        """Add a batch: logits (..., V), targets (...), optional reference
+        logits of the logits' shape and dtype."""
+        ref = reference_logits is not None
+        res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
+                          softcap=self.softcap, num_threads=self.num_threads,
+                          nll=True, entropy=self._full, argmax=self._full, kl=ref)
+        table = self._table(res.n_cols)
+        st = self._state
+        counted = res.counted
+        n = int(np.count_nonzero(counted))
+        st["tokens"] += n
+        st["ignored"] += res.counted.size - n
+        st["nll_sum"] += float(np.sum(res.nll))
+        if table is not None:
+            units = np.where(counted, table[np.where(counted, res.targets, 0)], 0)
+            st["bytes"] += int(units.sum())
+            st["nll_sum_bytes"] += float(np.sum(res.nll[units > 0]))
+        if self._full:
+            st["correct"] += int(np.count_nonzero(counted & (res.argmax == res.targets)))
+            st["entropy_sum"] += float(np.sum(res.entropy))
+        if ref:
+            st["kl_tokens"] += n
+            st["kl_sum"] += float(np.sum(res.kl))
+            st["same_top"] += int(np.count_nonzero(counted & (res.argmax == res.ref_argmax)))
+
+    def compute(self) -> Metrics:
+        """The metrics of everything seen so far."""
+        st = self._state
+        n = st["tokens"]
+        loss = st["nll_sum"] / n if n else math.nan
+        has_bytes = self._token_bytes_in is not None
+        bpb = None
+        if has_bytes:
+            bpb = st["nll_sum_bytes"] / (LN2 * st["bytes"]) if st["bytes"] else math.inf
+        kn = st["kl_tokens"]
+        return Metrics(
+            tokens=n, ignored=st["ignored"], bytes=st["bytes"] if has_bytes else None,
+            nll_sum=st["nll_sum"], loss=loss, perplexity=math.exp(loss) if n else math.nan,
+            bits_per_token=loss / LN2, bits_per_byte=bpb,
+            accuracy=st["correct"] / n if n else math.nan,
+            entropy=st["entropy_sum"] / n if n else math.nan,
+            kl=st["kl_sum"] / kn if kn else None,
+            same_top=st["same_top"] / kn if kn else None)
+
+    def _check_compatible(self, other: "Evaluator") -> None:
+        if not isinstance(other, Evaluator):
+            raise TypeError(f"can only merge another Evaluator, got {type(other).__name__}")
+        if (other.ignore_index, other.softcap) != (self.ignore_index, self.softcap):
+            raise ValueError("cannot merge Evaluators with different ignore_index or softcap")
+        if (other._token_bytes_in is None) != (self._token_bytes_in is None):
+            raise ValueError("cannot merge an Evaluator with token_bytes and one without")
+
+    def merge(self, other: "Evaluator") -> "Evaluator":
+        """Add another Evaluator's sums to this one (e.g. from another worker)."""
+        self._check_compatible(other)
+        for k, v in other._state.items():
+            self._state[k] += v
+        return self
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The sums as a dict of Python numbers (picklable, JSON-ready)."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Replace the sums by those of :meth:`state_dict`."""
+        missing = set(self._state) - set(state)
+        unknown = set(state) - set(self._state)
+        if missing or unknown:
+            raise ValueError(f"not an Evaluator state: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        for k in _COUNTS:
+            self._state[k] = int(state[k])
+        for k in _SUMS:
+            self._state[k] = float(state[k])
+
+    def all_reduce(self, group: Any = None) -> "Evaluator":
+        """Sum the state across the ranks of ``torch.distributed`` (every
+        rank ends with the global sums). A no-op when torch.distributed is
+        not initialized. The sums travel as one float64 tensor, on the
+        current CUDA device for the nccl backend, on the CPU otherwise."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        keys = _COUNTS + _SUMS
+        device = "cpu"
+        if dist.get_backend(group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        vals = torch.tensor([float(self._state[k]) for k in keys], dtype=torch.float64, device=device)
+        dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
+        for k, v in zip(keys, vals.cpu().tolist()):
+            self._state[k] = int(round(v)) if k in _COUNTS else v
+        return self
+
+    def __repr__(self) -> str:
+        return f"Evaluator(tokens={self._state['tokens']}, ignore_index={self.ignore_index})"
+
+
+def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_logits: Any = None,
+             ignore_index: int = -100, softcap: Optional[float] = None,
+             num_threads: Optional[int] = None) -> Metrics:
+    """Every metric of :class:`Metrics` from one read of the logits.
+
+    ``logits`` (..., V) and ``targets`` (...) as for :func:`cross_entropy`;
+    ``token_bytes[v]`` the UTF-8 byte length of token v (0 for special
+    tokens) for bits per byte; ``reference_logits`` (same shape and dtype)
+    for the mean KL(P_ref || P_model) and the top-1 agreement.
+    """
+    ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, softcap=softcap,
+                   num_threads=num_threads)
+    ev.update(logits, targets, reference_logits)
+    return ev.compute()
+
+
+def evaluate_bpb(model: Any, batches: Iterable, steps: int, token_bytes: Any) -> float:
+    """Bits per byte of ``model`` over ``steps`` batches: a drop-in for
+    nanochat's ``loss_eval.evaluate_bpb``.
+
+    ``model(x)`` returns logits (B, T, V) (or an object with ``.logits``);
+    ``batches`` yields ``(x, y)`` with targets y (B, T), negative targets
+    ignored; ``token_bytes[v]`` is the byte length of token v, 0 for special
+    tokens, which leave both sums. Runs under ``torch.no_grad()``; the sums
+    are all-reduced when torch.distributed is initialized. Returns
+    ``sum NLL / (ln 2 * sum bytes)``, inf when no byte was counted.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1)
+    ev._full = False
+    it = iter(batches)
+    with torch.no_grad():
+        for _ in range(steps):
+            x, y = next(it)
+            out = model(x)
+            ev.update(getattr(out, "logits", out), y)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        ev.all_reduce()
+    return ev.compute().bits_per_byte
