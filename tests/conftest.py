@@ -1,7 +1,7 @@
 """Shared fixtures and the independent float64 reference the tests compare with."""
 import numpy as np
 import pytest
-from scipy.special import logsumexp
+from scipy.special import log_softmax, logsumexp
 
 from lmmetrics import _core
 
@@ -42,3 +42,20 @@ def ref_nll(logits, targets, ignore_index=-100):
 
 def random_logits(rng, shape, dtype, scale=3.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+@np.errstate(invalid="ignore")
+def ref_entropy(z):
+    """-sum p log p per row in float64 (0 log 0 = 0)."""
+    lp = log_softmax(np.asarray(z).astype(np.float64), axis=-1)
+    p = np.exp(lp)
+    return -(np.where(p > 0, p * lp, 0.0)).sum(-1)
+
+
+@np.errstate(invalid="ignore")
+def ref_kl(r, z):
+    """KL(softmax(r) || softmax(z)) per row in float64."""
+    lr = log_softmax(np.asarray(r).astype(np.float64), axis=-1)
+    lz = log_softmax(np.asarray(z).astype(np.float64), axis=-1)
+    p = np.exp(lr)
+    return np.where(p > 0, p * (lr - lz), 0.0).sum(-1)

@@ -1,0 +1,131 @@
+"""compare() against an independent float64 numpy implementation of the
+llama.cpp KL-divergence statistics."""
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+
+import lmmetrics
+from conftest import random_logits
+
+
+def sigma_of_mean(x):
+    n = x.size
+    v = np.var(x) / (n - 1)  # population variance / (n - 1)
+    return math.sqrt(v) if v > 0 and n > 10 else 0.0
+
+
+def percentile(x, p):
+    s = np.sort(x)
+    pos = p / 100 * (s.size - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, s.size - 1)
+    return s[lo] + (pos - lo) * (s[hi] - s[lo])
+
+
+def reference_stats(r, z, t):
+    lr = log_softmax(r.astype(np.float64), -1).reshape(-1, r.shape[-1])
+    lz = log_softmax(z.astype(np.float64), -1).reshape(-1, z.shape[-1])
+    tf = t.reshape(-1)
+    keep = tf >= 0
+    lr, lz, tf = lr[keep], lz[keep], tf[keep]
+    rows = np.arange(tf.size)
+    nm, nr = -lz[rows, tf], -lr[rows, tf]
+    kld = (np.exp(lr) * (lr - lz)).sum(-1)
+    dp = np.exp(-nm) - np.exp(-nr)
+    n = tf.size
+    sm, sr = sigma_of_mean(nm), sigma_of_mean(nr)
+    cov = np.mean((nm - nm.mean()) * (nr - nr.mean())) / (n - 1)
+    ppl, pplr = math.exp(nm.mean()), math.exp(nr.mean())
+    p_same = np.mean(lz.argmax(-1) == lr.argmax(-1))
+    rms = math.sqrt(np.mean(dp ** 2))
+    return {
+        "ppl": (ppl, ppl * sm), "ppl_ref": (pplr, pplr * sr),
+        "correlation": cov / (sm * sr),
+        "ln_ratio": (nm.mean() - nr.mean(), math.sqrt(sm ** 2 + sr ** 2 - 2 * cov)),
+        "ratio": (ppl / pplr, ppl / pplr * math.sqrt(sm ** 2 + sr ** 2 - 2 * cov)),
+        "delta_ppl": (ppl - pplr, math.sqrt((ppl * sm) ** 2 + (pplr * sr) ** 2 - 2 * ppl * pplr * cov)),
+        "kld": (kld.mean(), sigma_of_mean(kld)), "kld_values": kld,
+        "delta_p": (dp.mean(), sigma_of_mean(dp)), "dp_values": dp,
+        "rms_delta_p": (rms, 0.5 / rms * sigma_of_mean(dp ** 2)),
+        "same_top": (p_same, math.sqrt(p_same * (1 - p_same) / (n - 1))),
+        "tokens": n,
+    }
+
+
+def close(a, b, rel=1e-6, abs=1e-9):
+    return a == pytest.approx(b, rel=rel, abs=abs)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    rng = np.random.default_rng(0)
+    z = random_logits(rng, (6, 500, 2000), np.float32, scale=2.0)
+    r = (z + rng.standard_normal(z.shape) * 0.4).astype(np.float32)
+    t = rng.integers(0, 2000, (6, 500))
+    t[:, :7] = -100
+    return r, z, t
+
+
+def test_compare_matches_independent_float64(pair):
+    r, z, t = pair
+    got = lmmetrics.compare(r, z, t)
+    exp = reference_stats(r, z, t)
+    assert got.tokens == exp["tokens"] == 6 * 493
+    for k in ("ppl", "ppl_ref", "ln_ratio", "ratio", "delta_ppl", "rms_delta_p", "same_top"):
+        e = getattr(got, k)
+        assert close(e.value, exp[k][0]), k
+        assert close(e.uncertainty, exp[k][1], rel=1e-5), k
+    assert close(got.correlation, exp["correlation"])
+    for name, vals in (("kld", "kld_values"), ("delta_p", "dp_values")):
+        d = getattr(got, name)
+        # per-token values from float32 logits: within 2e-6 of float64
+        assert close(d.mean.value, exp[name][0], abs=1e-7), name
+        assert close(d.mean.uncertainty, exp[name][1], rel=1e-3, abs=1e-8), name
+        x = exp[vals]
+        assert close(d.max, x.max(), abs=2e-6) and close(d.min, x.min(), abs=2e-6)
+        assert close(d.median, percentile(x, 50), abs=2e-6)
+        for p, v in d.percentiles.items():
+            assert close(v, percentile(x, p), abs=2e-6), (name, p)
+    assert set(got.kld.percentiles) == {99.9, 99.0, 95.0, 90.0, 10.0, 5.0, 1.0, 0.1}
+    assert set(got.delta_p.percentiles) == {99.9, 99.0, 95.0, 90.0, 75.0, 25.0, 10.0, 5.0, 1.0, 0.1}
+
+
+def test_compare_output(pair):
+    r, z, t = pair
+    c = lmmetrics.compare(r, z, t)
+    text = str(c)
+    for line in ("Mean PPL(Q)", "Mean PPL(base)", "Cor(ln(PPL(Q)), ln(PPL(base)))", "Mean    KLD",
+                 "99.9%   KLD", "Median  KLD", "Minimum KLD", "RMS Δp", "Same top p"):
+        assert line in text, line
+    d = json.loads(json.dumps(c.as_dict()))
+    assert d["kld"]["percentiles"]["99.9%"] == pytest.approx(c.kld.percentiles[99.9])
+    assert d["ppl"]["value"] == pytest.approx(c.ppl.value)
+
+
+def test_compare_identical_models():
+    rng = np.random.default_rng(1)
+    z = random_logits(rng, (40, 300), np.float32)
+    t = rng.integers(0, 300, 40)
+    c = lmmetrics.compare(z, z, t)
+    assert c.kld.max < 1e-6 and c.same_top.value == 1.0 and c.same_top.uncertainty == 0.0
+    assert c.ratio.value == pytest.approx(1.0) and c.delta_ppl.value == pytest.approx(0.0, abs=1e-9)
+    assert c.rms_delta_p.value == pytest.approx(0.0, abs=1e-7)
+
+
+def test_compare_few_tokens_have_no_uncertainty():
+    rng = np.random.default_rng(2)
+    z = random_logits(rng, (5, 30), np.float32)
+    r = random_logits(rng, (5, 30), np.float32)
+    c = lmmetrics.compare(r, z, rng.integers(0, 30, 5))
+    assert c.tokens == 5 and c.ppl.uncertainty == 0.0 and c.kld.mean.uncertainty == 0.0
+
+
+def test_compare_errors():
+    z = np.zeros((3, 10), np.float32)
+    with pytest.raises(ValueError, match="no counted token"):
+        lmmetrics.compare(z, z, np.full(3, -100))
+    with pytest.raises(ValueError, match="shape"):
+        lmmetrics.compare(z[:2], z, np.zeros(3, np.int64))
