@@ -1,0 +1,144 @@
+"""The CUDA path (torch on the tensor's device, in bounded row chunks).
+
+Where CUDA is absent, the same code runs on CPU tensors routed through it
+(the ``torch_route`` fixture), and is checked against float64 references and
+against the native core; the tests marked ``cuda`` run on a real GPU when
+there is one.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from lmmetrics import _cuda, _engine, _inputs
+from conftest import ref_entropy, ref_kl, ref_nll
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(params=["routed-cpu"] + (["cuda"] if HAS_CUDA else []))
+def dev(request, monkeypatch):
+    """A device whose tensors take the CUDA path (checked after the test)."""
+    calls = []
+    compute = _cuda.compute
+    monkeypatch.setattr(_cuda, "compute", lambda *a: calls.append(1) or compute(*a))
+    if request.param == "routed-cpu":
+        routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
+        monkeypatch.setattr(_engine, "is_cuda", routed)
+        monkeypatch.setattr(_inputs, "is_cuda", routed)
+        yield torch.device("cpu")
+    else:
+        yield torch.device("cuda")
+    assert calls, "the CUDA path was not taken"
+
+
+@pytest.fixture
+def small_chunks():
+    old = lmmetrics.set_cuda_chunk_bytes(3 * 1000 * 4 * 9)  # a few rows per chunk
+    yield
+    lmmetrics.set_cuda_chunk_bytes(old)
+
+
+def _data(dev, dtype=torch.float32, shape=(4, 13), V=1000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = (torch.randn(*shape, V, generator=g) * 3).to(dtype)
+    r = (z.double() + torch.randn(*shape, V, generator=g) * 0.5).to(dtype)
+    t = torch.randint(0, V, shape, generator=g)
+    t.view(-1)[::5] = -100
+    return z.to(dev), r.to(dev), t.to(dev)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_per_token_values(dev, small_chunks, dtype):
+    z, r, t = _data(dev, dtype)
+    zn, rn, tn = z.cpu().double().numpy(), r.cpu().double().numpy(), t.cpu().numpy()
+    tol = 1e-10 if dtype == torch.float64 else 2e-6
+    nll = lmmetrics.token_nll(z, t)
+    assert isinstance(nll, torch.Tensor) and nll.device.type == dev.type and nll.shape == t.shape
+    np.testing.assert_allclose(nll.cpu().numpy(), ref_nll(zn, tn), atol=tol, rtol=tol)
+    np.testing.assert_allclose(lmmetrics.token_entropy(z).cpu().numpy(), ref_entropy(zn), atol=tol, rtol=tol)
+    np.testing.assert_allclose(lmmetrics.token_kl(r, z).cpu().numpy(), ref_kl(rn, zn), atol=tol, rtol=tol)
+
+
+def test_evaluate_and_compare_agree_with_the_cpu_core(dev, small_chunks):
+    z, r, t = _data(dev, shape=(6, 11))
+    tb = torch.randint(0, 5, (1000,))
+    got = lmmetrics.evaluate(z, t, token_bytes=tb, reference_logits=r).as_dict()
+    zc, rc, tc = z.cpu().numpy(), r.cpu().numpy(), t.cpu().numpy()
+    want = lmmetrics.evaluate(zc, tc, token_bytes=tb.numpy(), reference_logits=rc).as_dict()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
+    c_got = lmmetrics.compare(r, z, t).as_dict()
+    c_want = lmmetrics.compare(rc, zc, tc).as_dict()
+    assert c_got["ppl"]["value"] == pytest.approx(c_want["ppl"]["value"], rel=1e-6)
+    assert c_got["kld"]["max"] == pytest.approx(c_want["kld"]["max"], abs=2e-6)
+    assert c_got["same_top"] == c_want["same_top"]
+
+
+def test_strided_views_and_softcap(dev, small_chunks):
+    z, r, t = _data(dev, shape=(3, 9))
+    view = z[:, :-1]  # not viewable as one (rows, V) block
+    got = lmmetrics.token_nll(view, t[:, 1:], softcap=5.0)
+    capped = 5.0 * np.tanh(view.cpu().double().numpy() / 5.0)
+    np.testing.assert_allclose(got.cpu().numpy(), ref_nll(capped, t[:, 1:].cpu().numpy()), atol=2e-6)
+    np.testing.assert_allclose(lmmetrics.token_kl(r[:, :-1], view).cpu().numpy(),
+                               ref_kl(r[:, :-1].cpu().numpy(), view.cpu().numpy()), atol=2e-6)
+
+
+def test_edge_cases_match_the_cpu_semantics(dev):
+    z = torch.zeros(4, 10, device=dev)
+    z[1, [2, 5]] = math.inf          # mass shared by the +inf entries
+    z[2, :] = -math.inf              # all -inf, but ignored below: not read
+    z[3, ::2] = -math.inf            # masked vocabulary
+    t = torch.tensor([0, 5, -100, 1], device=dev)
+    nll = lmmetrics.token_nll(z, t).cpu()
+    assert nll[0].item() == pytest.approx(math.log(10), rel=1e-6)
+    assert nll[1].item() == pytest.approx(math.log(2), rel=1e-6)
+    assert nll[2].item() == 0.0
+    assert nll[3].item() == pytest.approx(math.log(5), rel=1e-6)
+    m = lmmetrics.evaluate(z, t)
+    assert m.tokens == 3 and m.entropy == pytest.approx((math.log(10) + math.log(2) + math.log(5)) / 3)
+    z[0, 3] = math.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 0"):
+        lmmetrics.cross_entropy(z, t)
+    z[0, 3] = 0.0
+    with pytest.raises(ValueError, match="all -inf"):
+        lmmetrics.cross_entropy(z, torch.tensor([0, 5, 1, 1], device=dev))
+    with pytest.raises(ValueError, match="out of range"):
+        lmmetrics.cross_entropy(z, torch.tensor([0, 5, 10, 1], device=dev))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA absent")
+def test_reference_on_another_device_is_an_error():
+    z, r, _ = _data(torch.device("cuda"))
+    with pytest.raises(ValueError, match="same device"):
+        lmmetrics.token_kl(r.cpu(), z)
+
+
+def test_chunk_setting():
+    old = lmmetrics.set_cuda_chunk_bytes(1 << 20)
+    assert lmmetrics.set_cuda_chunk_bytes(None) == 1 << 20
+    assert lmmetrics.set_cuda_chunk_bytes(old) == _cuda._DEFAULT_CHUNK_BYTES
+    with pytest.raises(ValueError):
+        lmmetrics.set_cuda_chunk_bytes(0)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA absent")
+def test_cuda_memory_stays_bounded():
+    V, N = 32000, 4096
+    z = torch.randn(N, V, device="cuda")
+    t = torch.randint(0, V, (N,), device="cuda")
+    lmmetrics.set_cuda_chunk_bytes(64 * 2**20)
+    try:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        lmmetrics.evaluate(z, t)
+        extra = torch.cuda.max_memory_allocated() - base
+    finally:
+        lmmetrics.set_cuda_chunk_bytes(None)
+    assert extra <= 64 * 2**20 * 1.25, extra
+    assert lmmetrics.cross_entropy(z, t) == pytest.approx(F.cross_entropy(z.double(), t).item(), rel=1e-6)
