@@ -1,7 +1,9 @@
-"""The ``lmmetrics`` command: ``demo`` (the default), ``bench`` and ``info``."""
+"""The ``lmmetrics`` command: ``score`` and ``compare`` over saved logits,
+``bench``, ``info`` and ``demo`` (the default)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -9,8 +11,11 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, _engine
 from ._config import show_config
+from ._files import FileError, load_array
+from .comparison import comparison_from_tokens
+from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
 
 LN2 = math.log(2)
@@ -163,6 +168,79 @@ def _bench(args) -> int:
     return 0
 
 
+def _rows(x, name: str, vocab: Optional[int] = None):
+    """A logits array as (rows, V) without copying (numpy or torch)."""
+    if len(x.shape) < 1 or x.shape[-1] < 1:
+        raise FileError(f"{name} must be shaped (..., vocab), got {tuple(x.shape)}")
+    if "float" not in str(x.dtype):
+        raise FileError(f"{name} must hold float logits, got dtype {x.dtype}")
+    if vocab is not None and x.shape[-1] != vocab:
+        raise FileError(f"{name} has a vocabulary of {x.shape[-1]}, the logits {vocab}")
+    return x.reshape(-1, x.shape[-1])
+
+
+def _targets(t, logits_shape, name="targets"):
+    kind = str(getattr(t, "dtype", ""))
+    if "int" not in kind:
+        raise FileError(f"{name} must hold integers, got dtype {kind}")
+    if tuple(t.shape) != tuple(logits_shape[:-1]):
+        raise FileError(f"{name} shape {tuple(t.shape)} does not match the logits rows "
+                        f"{tuple(logits_shape[:-1])} (logits shape {tuple(logits_shape)})")
+    return np.asarray(t).reshape(-1)
+
+
+def _chunks(n_rows: int, vocab: int, itemsize: int, args):
+    """Row ranges of about --chunk-mb each, with a progress bar on stderr
+    (when it is a terminal and not --quiet)."""
+    step = max(1, int(args.chunk_mb * 2**20) // (vocab * itemsize))
+    ranges = [(a, min(n_rows, a + step)) for a in range(0, n_rows, step)]
+    if args.quiet or not sys.stderr.isatty():
+        return ranges
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return ranges
+    return tqdm(ranges, desc=f"lmmetrics {args.command}", unit="chunk", file=sys.stderr)
+
+
+def _score(args) -> int:
+    raw = load_array(args.logits, "logits", args.key)
+    z = _rows(raw, args.logits)
+    t = _targets(load_array(args.targets, "targets"), tuple(raw.shape))
+    tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
+    ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
+                   num_threads=args.threads)
+    if tb is not None:
+        ev._table(z.shape[1])  # a vocab / token_bytes mismatch fails before any work
+    for a, b in _chunks(z.shape[0], z.shape[1], _itemsize(z), args):
+        ev.update(z[a:b], t[a:b])
+    m = ev.compute()
+    print(json.dumps(m.as_dict()) if args.json else m)
+    return 0
+
+
+def _compare(args) -> int:
+    raw = load_array(args.logits, "logits", args.key)
+    z = _rows(raw, args.logits)
+    r = _rows(load_array(args.reference, "reference_logits", args.key), args.reference, z.shape[1])
+    if r.shape[0] != z.shape[0]:
+        raise FileError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
+    t = _targets(load_array(args.targets, "targets"), tuple(raw.shape))
+    parts = []
+    for a, b in _chunks(z.shape[0], z.shape[1], 2 * _itemsize(z), args):
+        res = _engine.run(z[a:b], t[a:b], r[a:b], ignore_index=args.ignore_index, num_threads=args.threads,
+                          nll=True, ref_nll=True, kl=True, argmax=True)
+        c = res.counted
+        parts.append((res.nll[c], res.ref_nll[c], res.kl[c], res.argmax[c] == res.ref_argmax[c]))
+    cmp = comparison_from_tokens(*(np.concatenate(p) for p in zip(*parts)))
+    print(json.dumps(cmp.as_dict()) if args.json else cmp)
+    return 0
+
+
+def _itemsize(x) -> int:
+    return x.element_size() if hasattr(x, "element_size") else x.itemsize
+
+
 def _info(_args) -> int:
     show_config()
     return 0
@@ -173,6 +251,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("demo", help="metrics of a small built-in example, and the build config (default)")
     sub.add_parser("info", help="the build and run-time configuration")
+    files = argparse.ArgumentParser(add_help=False)
+    files.add_argument("--key", help="the array to read from an .npz / .safetensors / .pt logits file")
+    files.add_argument("--ignore-index", type=int, default=-100,
+                       help="targets equal to this (and negative ones) are ignored (default -100)")
+    files.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    files.add_argument("--quiet", action="store_true", help="no progress bar")
+    files.add_argument("--threads", type=int, default=None, help="threads (default: the OpenMP default)")
+    files.add_argument("--chunk-mb", type=float, default=256.0,
+                       help="logits read per step, in MiB (default 256)")
+    s = sub.add_parser("score", parents=[files], help="every metric of saved logits and targets",
+                       description="LOGITS (..., V) and TARGETS (...) from .npy (memory-mapped), .npz, "
+                                   ".safetensors or .pt files, processed in row chunks.")
+    s.add_argument("logits")
+    s.add_argument("targets")
+    s.add_argument("--token-bytes", help="file with the byte length of each token id (for bits per byte)")
+    s.add_argument("--softcap", type=float, default=None, help="apply c * tanh(z / c) to the logits first")
+    c = sub.add_parser("compare", parents=[files], help="a model's logits against a reference model's "
+                       "(llama.cpp's KL-divergence statistics)")
+    c.add_argument("reference", metavar="REFERENCE_LOGITS")
+    c.add_argument("logits")
+    c.add_argument("targets")
     b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
     b.add_argument("--tokens", type=int, default=2048, help="rows of logits (default 2048)")
     b.add_argument("--vocab", type=int, default=128256, help="vocabulary size (default 128256)")
@@ -184,8 +283,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "tokens", 1) < 1 or getattr(args, "vocab", 1) < 1:
         parser.error("--tokens and --vocab must be positive")
-    handlers = {"bench": _bench, "info": _info, "demo": _demo, None: _demo}
-    return handlers[args.command](args)
+    if getattr(args, "chunk_mb", 1) <= 0:
+        parser.error("--chunk-mb must be positive")
+    handlers = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
+                None: _demo}
+    try:
+        return handlers[args.command](args)
+    except (FileError, ValueError, TypeError) as e:
+        print(f"lmmetrics {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

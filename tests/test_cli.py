@@ -1,0 +1,135 @@
+"""The real ``lmmetrics`` console script, in a subprocess, on files written
+here (npy, npz, safetensors, pt), checked against the Python API."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lmmetrics
+
+SCRIPT = shutil.which("lmmetrics", path=os.path.dirname(sys.executable)) or shutil.which("lmmetrics")
+
+
+def run(*args, ok=True):
+    cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "lmmetrics"]
+    res = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=300)
+    if ok:
+        assert res.returncode == 0, res.stderr
+    return res
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("logits")
+    rng = np.random.default_rng(0)
+    z = (rng.standard_normal((3, 40, 700)) * 2).astype(np.float32)
+    r = (z + rng.standard_normal(z.shape) * 0.3).astype(np.float32)
+    t = rng.integers(0, 700, (3, 40))
+    t[0, :5] = -100
+    tb = rng.integers(0, 5, 700)
+    np.save(d / "z.npy", z)
+    np.save(d / "r.npy", r)
+    np.save(d / "t.npy", t)
+    np.save(d / "tb.npy", tb)
+    np.savez(d / "both.npz", logits=z, targets=t)
+    write_safetensors(d / "z.safetensors", {"logits": z, "other": t})
+    write_safetensors(d / "two.safetensors", {"a": z, "b": z})
+    return d, z, r, t, tb
+
+
+def write_safetensors(path, arrays):
+    """The safetensors layout, written by hand: u64 header size, JSON, data."""
+    names = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.float16): "F16"}
+    header, blobs, off = {}, [], 0
+    for k, a in arrays.items():
+        b = np.ascontiguousarray(a).tobytes()
+        header[k] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def check(out, want):
+    for k, v in want.items():
+        if v is None or isinstance(v, int):
+            assert out[k] == v, k
+        else:
+            assert out[k] == pytest.approx(v, rel=1e-9), k
+
+
+def test_score_npy_in_several_chunks(files):
+    d, z, r, t, tb = files
+    res = run("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "tb.npy", "--json", "--chunk-mb", 0.01)
+    check(json.loads(res.stdout), lmmetrics.evaluate(z, t, token_bytes=tb).as_dict())
+    table = run("score", d / "z.npy", d / "t.npy", "--quiet").stdout
+    assert "perplexity" in table and "bits_per_token" in table
+
+
+def test_score_npz_safetensors_pt(files):
+    d, z, r, t, tb = files
+    want = lmmetrics.evaluate(z, t, softcap=20.0).as_dict()
+    check(json.loads(run("score", d / "both.npz", d / "both.npz", "--json", "--softcap", 20).stdout), want)
+    check(json.loads(run("score", d / "z.safetensors", d / "t.npy", "--key", "logits", "--json",
+                         "--softcap", 20).stdout), want)
+    torch = pytest.importorskip("torch")
+    torch.save(torch.from_numpy(z).to(torch.bfloat16), d / "z16.pt")
+    torch.save({"targets": torch.from_numpy(t)}, d / "t.pt")
+    z16 = torch.from_numpy(z).to(torch.bfloat16)
+    check(json.loads(run("score", d / "z16.pt", d / "t.pt", "--json").stdout),
+          lmmetrics.evaluate(z16, torch.from_numpy(t)).as_dict())
+
+
+def test_compare(files):
+    d, z, r, t, tb = files
+    got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--json", "--chunk-mb", 0.02).stdout)
+    want = lmmetrics.compare(r, z, t).as_dict()
+    assert got["tokens"] == want["tokens"]
+    for k in ("ppl", "ppl_ref", "ratio", "delta_ppl", "same_top", "rms_delta_p"):
+        assert got[k]["value"] == pytest.approx(want[k]["value"], rel=1e-9), k
+    assert got["kld"]["percentiles"]["99%"] == pytest.approx(want["kld"]["percentiles"]["99%"], rel=1e-9)
+    assert "Mean    KLD" in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "no such file"),
+    ("format", "unsupported format"),
+    ("rows", "does not match the logits rows"),
+    ("dtype", "must hold float logits"),
+    ("target_dtype", "must hold integers"),
+    ("token_bytes", "token_bytes must be a 1-D table of length 700"),
+    ("ref_rows", "rows"),
+    ("key", "several arrays"),
+])
+def test_errors_are_one_line_and_exit_2(files, case, needle):
+    d, z, r, t, tb = files
+    (d / "x.csv").write_text("1,2\n")
+    np.save(d / "short_ref.npy", r[:2])
+    np.save(d / "zf.npy", z.astype(np.float64)[..., 0])
+    args = {
+        "missing": ("score", d / "nope.npy", d / "t.npy"),
+        "format": ("score", d / "x.csv", d / "t.npy"),
+        "rows": ("score", d / "z.npy", d / "tb.npy"),
+        "dtype": ("score", d / "t.npy", d / "t.npy"),
+        "target_dtype": ("score", d / "z.npy", d / "zf.npy"),
+        "token_bytes": ("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "t.npy"),
+        "ref_rows": ("compare", d / "short_ref.npy", d / "z.npy", d / "t.npy"),
+        "key": ("score", d / "two.safetensors", d / "t.npy"),
+    }[case]
+    res = run(*args, ok=False)
+    assert res.returncode == 2
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_demo_info_and_bench():
+    assert "cross-entropy" in run().stdout
+    assert "isa" in run("info").stdout.lower()
+    out = run("bench", "--tokens", 16, "--vocab", 1000, "--repeat", 1).stdout
+    assert "relative error" in out and "read-only pass" in out
