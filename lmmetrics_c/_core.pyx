@@ -3,6 +3,7 @@
 lm_job and runs it with the GIL released. All validation happens in the
 Python package before this is called; pointers arrive as integers."""
 
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 cdef extern from "lm_kernel.h" nogil:
@@ -25,6 +26,8 @@ cdef extern from "lm_kernel.h" nogil:
         double *kl
         int64_t *ref_argmax
         double *ref_nll
+        double *nll_sum
+        int64_t *n_counted
         int num_threads
 
     int lm_run(const lm_job *job, int64_t *bad_row)
@@ -55,16 +58,32 @@ CFLAGS = LM_CFLAGS.decode()
 ISAS_BUILT = tuple(LM_ISAS_BUILT.decode().split())
 
 
+cdef void *_addr(object a, int writable) except? NULL:
+    """The first byte of a contiguous buffer (a numpy array), NULL for None.
+    The caller keeps the object alive while the address is used."""
+    cdef Py_buffer view
+    cdef void *p
+    if a is None:
+        return NULL
+    PyObject_GetBuffer(a, &view, PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0))
+    p = view.buf
+    PyBuffer_Release(&view)
+    return p
+
+
 def run(int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner,
         uintptr_t logits, int64_t row_stride, int64_t outer_stride,
         uintptr_t ref, int64_t ref_row_stride, int64_t ref_outer_stride,
-        uintptr_t targets, int64_t ignore_index, double softcap,
-        uintptr_t nll, uintptr_t entropy, uintptr_t argmax,
-        uintptr_t kl, uintptr_t ref_argmax, uintptr_t ref_nll, int num_threads):
-    """Run one job; returns (status, first bad row). The caller keeps every
-    buffer alive and correctly sized for the duration of the call."""
+        object targets, int64_t ignore_index, double softcap,
+        object nll, object entropy, object argmax,
+        object kl, object ref_argmax, object ref_nll, bint totals, int num_threads):
+    """Run one job; returns (status, first bad row, NLL sum, rows counted)
+    (the totals are 0 unless asked for). targets and the outputs are
+    contiguous int64 / float64 arrays of n_rows or None; the caller keeps
+    every buffer alive and correctly sized for the duration of the call."""
     cdef lm_job job
-    cdef int64_t bad = -1
+    cdef int64_t bad = -1, n_counted = 0
+    cdef double nll_sum = 0.0
     cdef int status
     job.dtype = dtype
     job.n_rows = n_rows
@@ -76,19 +95,21 @@ def run(int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner,
     job.ref.base = <const void *>ref
     job.ref.row_stride = ref_row_stride
     job.ref.outer_stride = ref_outer_stride
-    job.targets = <const int64_t *>targets
+    job.targets = <const int64_t *>_addr(targets, 0)
     job.ignore_index = ignore_index
     job.softcap = softcap
-    job.nll = <double *>nll
-    job.entropy = <double *>entropy
-    job.argmax = <int64_t *>argmax
-    job.kl = <double *>kl
-    job.ref_argmax = <int64_t *>ref_argmax
-    job.ref_nll = <double *>ref_nll
+    job.nll = <double *>_addr(nll, 1)
+    job.entropy = <double *>_addr(entropy, 1)
+    job.argmax = <int64_t *>_addr(argmax, 1)
+    job.kl = <double *>_addr(kl, 1)
+    job.ref_argmax = <int64_t *>_addr(ref_argmax, 1)
+    job.ref_nll = <double *>_addr(ref_nll, 1)
+    job.nll_sum = &nll_sum if totals and nll is not None else NULL
+    job.n_counted = &n_counted if totals and targets is not None else NULL
     job.num_threads = num_threads
     with nogil:
         status = lm_run(&job, &bad)
-    return status, bad
+    return status, bad, nll_sum, n_counted
 
 
 def isa_supported(str name):

@@ -285,12 +285,30 @@ static void lm_skip(const lm_job *j, int64_t i) {
 static int lm_whole_row(const lm_ctx *x, int64_t i) {
     lm_state acc, st;
     if (!lm_counted(x->job, i)) { lm_skip(x->job, i); return LM_OK; }
+    if (x->job->targets && x->job->targets[i] >= x->job->n_cols) return LM_ERR_TARGET;
     lm_segment(x, i, 0, &acc);
     for (int64_t s = 1; s < x->nseg; s++) {
         lm_segment(x, i, s, &st);
         lm_merge(&acc, &st, s * LM_SEGMENT);
     }
     return lm_finish(x, i, &acc);
+}
+
+/* the totals, in row order: Neumaier-compensated sum of the NLL, count */
+static void lm_totals(const lm_job *j) {
+    double s = 0.0, c = 0.0;
+    int64_t k = 0;
+    for (int64_t i = 0; i < j->n_rows; i++) {
+        if (!lm_counted(j, i)) continue;
+        k++;
+        if (j->nll) {
+            double v = j->nll[i], t = s + v;
+            if (isfinite(t)) c += fabs(s) >= fabs(v) ? (s - t) + v : (v - t) + s;
+            s = t;
+        }
+    }
+    if (j->nll_sum) *j->nll_sum = s + c;
+    if (j->n_counted) *j->n_counted = k;
 }
 
 int lm_run(const lm_job *j, int64_t *bad_row) {
@@ -301,10 +319,15 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
 
     *bad_row = -1;
     if (n < 0 || j->n_cols < 1 || j->rows_inner < 1 || j->dtype < 0 || j->dtype >= LM_NDTYPES ||
-        !j->logits.base || ((j->nll || j->ref_nll) && !j->targets) ||
+        !j->logits.base || ((j->nll || j->ref_nll || j->nll_sum || j->n_counted) && !j->targets) ||
+        (j->nll_sum && !j->nll) ||
         ((j->kl || j->ref_argmax || j->ref_nll) && !j->ref.base))
         return LM_ERR_ARGS;
-    if (n == 0) return LM_OK;
+    if (n == 0) {
+        if (j->nll_sum) *j->nll_sum = 0.0;
+        if (j->n_counted) *j->n_counted = 0;
+        return LM_OK;
+    }
     x.job = j;
     x.fn = lm_kernel_for(lm_isa_active(), j->dtype);
     x.es = lm_elsize(j->dtype);
@@ -334,6 +357,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         for (int64_t i = 0; i < n; i++) {
             lm_state *acc = &sts[i * x.nseg];
             if (!lm_counted(j, i)) { lm_skip(j, i); continue; }
+            if (j->targets && j->targets[i] >= j->n_cols) { status[i] = LM_ERR_TARGET; continue; }
             for (int64_t s = 1; s < x.nseg; s++) lm_merge(acc, &sts[i * x.nseg + s], s * LM_SEGMENT);
             status[i] = (unsigned char)lm_finish(&x, i, acc);
         }
@@ -349,5 +373,6 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         if (status[i]) { err = status[i]; *bad_row = i; break; }
     }
     free(status);
+    if (!err) lm_totals(j);
     return err;
 }

@@ -22,7 +22,8 @@ enum lm_status {
     LM_ERR_EMPTY = 3,      /* a counted row is all -inf */
     LM_ERR_EMPTY_REF = 4,  /* a reference row is all -inf */
     LM_ERR_ARGS = 5,       /* inconsistent job (a bug in the caller) */
-    LM_ERR_NOMEM = 6
+    LM_ERR_NOMEM = 6,
+    LM_ERR_TARGET = 7      /* a counted target >= n_cols */
 };
 
 typedef struct {
@@ -46,6 +47,9 @@ typedef struct {
     double *kl;
     int64_t *ref_argmax;
     double *ref_nll;         /* NLL of the target under the reference */
+    /* totals over rows, in row order; NULL when not wanted (need targets) */
+    double *nll_sum;         /* sum of nll (compensated) */
+    int64_t *n_counted;      /* rows counted */
     int num_threads;         /* <= 0: the OpenMP default */
 } lm_job;
 

@@ -8,13 +8,14 @@ device (:mod:`lmmetrics._cuda`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from . import _core
-from ._inputs import Logits, _position, as_logits, as_targets, is_cuda
+from ._inputs import Logits, _position, as_logits, as_targets, is_cuda, target_error
 
 _ERRORS = {
     1: "NaN in {name} at row {row} (position {pos})",
@@ -33,13 +34,25 @@ class RowResults:
     dtype: str                     # logits dtype name
     device: Any                    # None for numpy input, else the torch device
     targets: Optional[np.ndarray]  # int64, flattened; None without targets
-    counted: np.ndarray            # bool mask of counted rows
+    ignore_index: int
+    n_counted: int = 0             # rows counted
+    nll_sum: float = 0.0           # sum of nll over counted rows (when nll is computed)
     nll: Optional[np.ndarray] = None
     entropy: Optional[np.ndarray] = None
     argmax: Optional[np.ndarray] = None
     kl: Optional[np.ndarray] = None
     ref_argmax: Optional[np.ndarray] = None
     ref_nll: Optional[np.ndarray] = None
+    _counted: Optional[np.ndarray] = None
+
+    @property
+    def counted(self) -> np.ndarray:
+        """bool mask of the counted rows (targets neither negative nor ignore_index)"""
+        if self._counted is None:
+            t = self.targets
+            self._counted = (np.ones(math.prod(self.lead_shape), bool) if t is None
+                             else (t >= 0) & (t != self.ignore_index))
+        return self._counted
 
 
 def check_threads(num_threads: Optional[int]) -> int:
@@ -94,14 +107,14 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         if not cuda:
             lg, ref = _same_layout(lg, ref)
     if targets is not None:
-        tgt, counted = as_targets(targets, lg, ignore)
+        tgt = as_targets(targets, lg, check_range=cuda is not None)
+    elif nll or ref_nll:
+        raise ValueError("targets are required for the NLL")
     else:
-        if nll or ref_nll:
-            raise ValueError("targets are required for the NLL")
-        tgt, counted = None, np.ones(lg.n_rows, dtype=bool)
+        tgt = None
 
     n = lg.n_rows
-    out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, counted)
+    out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
     out.nll = np.empty(n, np.float64) if nll else None
     out.entropy = np.empty(n, np.float64) if entropy else None
     out.argmax = np.empty(n, np.int64) if argmax else None
@@ -112,24 +125,29 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         return out
     if cuda:
         cuda.compute(lg, ref, out, ignore, cap)
+        if tgt is not None:
+            out.n_counted = int(np.count_nonzero(out.counted))
+        if nll:
+            out.nll_sum = float(np.sum(out.nll))
         return out
 
-    def ptr(a):
-        return 0 if a is None else a.__array_interface__["data"][0]
-
-    status, bad = _core.run(
+    status, bad, nll_sum, n_counted = _core.run(
         lg.dtype_code, n, lg.n_cols, lg.rows_inner,
         lg.ptr, lg.row_stride, lg.outer_stride,
         ref.ptr if ref else 0, ref.row_stride if ref else 0, ref.outer_stride if ref else 0,
-        ptr(tgt), ignore, cap,
-        ptr(out.nll), ptr(out.entropy), ptr(out.argmax), ptr(out.kl), ptr(out.ref_argmax), ptr(out.ref_nll),
-        threads)
+        tgt, ignore, cap, out.nll, out.entropy, out.argmax, out.kl, out.ref_argmax, out.ref_nll,
+        True, threads)
+    if status == 7:
+        raise target_error(tgt, bad, lg.n_cols, lg.lead_shape)
     if status in _ERRORS:
         raise row_error(status, bad, lg.lead_shape)
     if status == 6:
         raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
     if status != 0:
         raise RuntimeError(f"lmmetrics: internal error {status} in the native core")
+    if tgt is not None:
+        out.n_counted = n_counted
+    out.nll_sum = nll_sum
     return out
 
 

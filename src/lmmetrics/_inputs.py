@@ -148,23 +148,24 @@ def as_index_array(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def as_targets(targets: Any, logits: Logits, ignore_index: int):
-    """Targets as contiguous int64 of n_rows, and the mask of counted rows.
-    Negative targets and ignore_index are ignored; a target >= vocab is an error."""
+def target_error(flat: np.ndarray, i: int, n_cols: int, lead_shape) -> ValueError:
+    return ValueError(
+        f"target {int(flat[i])} at position {_position(i, lead_shape)} is out of "
+        f"range for a vocabulary of {n_cols}")
+
+
+def as_targets(targets: Any, logits: Logits, check_range: bool = True) -> np.ndarray:
+    """Targets as contiguous int64 of n_rows. With check_range, a target >=
+    vocab is a ValueError here (the native core checks counted targets itself)."""
     t = as_index_array(targets, "targets")
     if t.shape != logits.lead_shape:
         raise ValueError(
             f"targets shape {t.shape} does not match the logits shape without its "
             f"vocabulary axis {logits.lead_shape}")
     flat = t.reshape(-1)
-    if flat.size and flat.max() >= logits.n_cols:
-        i = int(np.argmax(flat >= logits.n_cols))
-        raise ValueError(
-            f"target {int(flat[i])} at position {_position(i, logits.lead_shape)} is out of "
-            f"range for a vocabulary of {logits.n_cols}")
-    flat = np.ascontiguousarray(flat, dtype=np.int64)
-    counted = (flat >= 0) & (flat != ignore_index)
-    return flat, counted
+    if check_range and flat.size and flat.max() >= logits.n_cols:
+        raise target_error(flat, int(np.argmax(flat >= logits.n_cols)), logits.n_cols, logits.lead_shape)
+    return np.ascontiguousarray(flat, dtype=np.int64)
 
 
 def as_table(table: Any, n_cols: int, name: str) -> np.ndarray:

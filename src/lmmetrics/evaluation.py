@@ -111,11 +111,13 @@ class Evaluator:
                           nll=True, entropy=self._full, argmax=self._full, kl=ref)
         table = self._table(res.n_cols)
         st = self._state
-        counted = res.counted
-        n = int(np.count_nonzero(counted))
+        n = res.n_counted
         st["tokens"] += n
-        st["ignored"] += res.counted.size - n
-        st["nll_sum"] += float(np.sum(res.nll))
+        st["ignored"] += res.nll.size - n
+        st["nll_sum"] += res.nll_sum
+        if table is None and not self._full and not ref:
+            return
+        counted = res.counted
         if table is not None:
             units = np.where(counted, table[np.where(counted, res.targets, 0)], 0)
             st["bytes"] += int(units.sum())

@@ -64,17 +64,17 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
 
     ``reduction="mean"`` averages over counted tokens (nan when none is
     counted), ``"sum"`` adds them, ``"none"`` returns :func:`token_nll`.
-    Sums are taken in float64 over per-row float64 values in a fixed order.
+    Sums are taken in float64 over per-row float64 values in row order
+    (compensated), so they do not depend on the thread count.
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     res = _nll(logits, targets, ignore_index, softcap, num_threads)
     if reduction == "none":
         return _per_position(res.nll, res)
-    total = float(np.sum(res.nll))  # ignored rows hold 0.0
     if reduction == "sum":
-        return total
-    return _mean(total, int(np.count_nonzero(res.counted)))
+        return res.nll_sum
+    return _mean(res.nll_sum, res.n_counted)
 
 
 def perplexity(logits: Any, targets: Any, *, ignore_index: int = -100, softcap: Optional[float] = None,
@@ -126,7 +126,7 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None, ig
     """
     res = _nll(logits, targets, ignore_index, softcap, num_threads)
     if token_chars is None:
-        return _mean(float(np.sum(res.nll)), int(np.count_nonzero(res.counted))) / LN2
+        return _mean(res.nll_sum, res.n_counted) / LN2
     return _per_unit(res, as_table(token_chars, res.n_cols, "token_chars"), skip_zero=False)
 
 
