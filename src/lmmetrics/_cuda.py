@@ -55,22 +55,17 @@ class CudaLogits:
 def describe(x: Any, name: str = "logits") -> CudaLogits:
     import torch
 
-    from ._inputs import is_cuda
+    from ._inputs import is_cuda, torch_dtype_name
 
     if not is_cuda(x):
         where = x.device if isinstance(x, torch.Tensor) else "the host"
         raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
                          f"put both on the same device")
-    names = {torch.float32: "float32", torch.float64: "float64",
-             torch.float16: "float16", torch.bfloat16: "bfloat16"}
-    if x.dtype not in names:
-        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {x.dtype}")
-    if x.dim() == 0:
-        raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
+    dtype = torch_dtype_name(x, name)
     shape = tuple(int(n) for n in x.shape)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
-    return CudaLogits(x.detach(), names[x.dtype], shape[:-1], shape[-1], math.prod(shape[:-1]))
+    return CudaLogits(x.detach(), dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
 
 
 def _row_blocks(z, r) -> Iterator[Tuple[Any, Any]]:

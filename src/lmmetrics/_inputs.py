@@ -96,7 +96,8 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     return _describe(a, a.__array_interface__["data"][0], dtype, a.shape, strides, False, name)
 
 
-def _torch_logits(x, name):
+def torch_dtype_name(x, name: str) -> str:
+    """The dtype name of a torch logits tensor, or TypeError / ValueError."""
     import torch
 
     names = {torch.float32: "float32", torch.float64: "float64",
@@ -105,10 +106,15 @@ def _torch_logits(x, name):
         raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {x.dtype}")
     if x.dim() == 0:
         raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
+    return names[x.dtype]
+
+
+def _torch_logits(x, name):
+    dtype = torch_dtype_name(x, name)
     x = x.detach()
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         x = x.contiguous()
-    return _describe(x, x.data_ptr(), names[x.dtype], tuple(x.shape), tuple(x.stride()[:-1]), True, name)
+    return _describe(x, x.data_ptr(), dtype, tuple(x.shape), tuple(x.stride()[:-1]), True, name)
 
 
 def _describe(keep, ptr, dtype, shape, lead_strides, torch, name):
