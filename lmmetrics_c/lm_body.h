@@ -143,6 +143,20 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     VF nz = zero, nr = zero; /* sums of the clamped differences: NaN-sticky */
     int64_t j = 0;
 
+/* acc += a + b (acc += a x + b y): the a and b lanes go to two
+ * accumulators, or, for a row pair (ref), to one, which keeps the KL pass's
+ * accumulators in AVX2's 16 registers (ref blocks are half as long, so a
+ * lane still sums at most 64 terms). */
+#define LM_ADD2(acc0, acc1, a, b)                                              \
+    do {                                                                       \
+        if (ref) acc0 = v_add(acc0, v_add(a, b));                              \
+        else { acc0 = v_add(acc0, a); acc1 = v_add(acc1, b); }                 \
+    } while (0)
+#define LM_FMA2(acc0, acc1, a, x, b, y)                                        \
+    do {                                                                       \
+        if (ref) acc0 = v_fma(a, x, v_fma(b, y, acc0));                        \
+        else { acc0 = v_fma(a, x, acc0); acc1 = v_fma(b, y, acc1); }           \
+    } while (0)
 #define LM_EXP_STEP()                                                          \
     do {                                                                       \
         VF za, zb, ua, ub, da, db, ea, eb;                                     \
@@ -154,9 +168,8 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         if (!ent) nz = v_add(nz, v_add(da, db));                               \
         ea = LM_FN(exp_)(da);                                                  \
         eb = LM_FN(exp_)(db);                                                  \
-        s0 = v_add(s0, ea);                                                    \
-        s1 = v_add(s1, eb);                                                    \
-        if (ent) { t0 = v_fma(ea, da, t0); t1 = v_fma(eb, db, t1); }           \
+        LM_ADD2(s0, s1, ea, eb);                                               \
+        if (ent) LM_FMA2(t0, t1, ea, da, eb, db);                              \
         if (ref) {                                                             \
             VF ra, rb, dra, drb, era, erb;                                     \
             LM_LOADC(r + j, ra, rb);                                           \
@@ -165,10 +178,9 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
             nr = v_add(nr, v_add(dra, drb));                                   \
             era = LM_FN(exp_)(dra);                                            \
             erb = LM_FN(exp_)(drb);                                            \
-            rs0 = v_add(rs0, era);                                             \
-            rs1 = v_add(rs1, erb);                                             \
-            c0 = v_fma(era, v_zero_neginf(v_sub(dra, ua), ra), c0);            \
-            c1 = v_fma(erb, v_zero_neginf(v_sub(drb, ub), rb), c1);            \
+            LM_ADD2(rs0, rs1, era, erb);                                       \
+            LM_FMA2(c0, c1, era, v_zero_neginf(v_sub(dra, ua), ra),            \
+                    erb, v_zero_neginf(v_sub(drb, ub), rb));                   \
         }                                                                      \
     } while (0)
 
@@ -190,6 +202,8 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         LM_EXP_STEP();
     }
 #undef LM_EXP_STEP
+#undef LM_ADD2
+#undef LM_FMA2
     out->s = LM_FN(hsum_)(v_add(s0, s1));
     out->t = ent ? LM_FN(hsum_)(v_add(t0, t1)) : 0.0;
     out->rs = ref ? LM_FN(hsum_)(v_add(rs0, rs1)) : 0.0;
@@ -221,7 +235,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int capped, float cap, const void *next,
                                 lm_state *st) {
     const VF vc = v_set1(capped ? cap : 1.0f), vic = v_set1(capped ? 1.0f / cap : 1.0f);
-    const int64_t nv = n - n % LM_STEP, nmain = (nv + LM_BLK - 1) / LM_BLK;
+    const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* see LM_ADD2 */
+    const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
     double M = -INFINITY, S = 0.0, T = 0.0, RM = -INFINITY, RS = 0.0, C = 0.0;
@@ -238,8 +253,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #define LM_BLOCK_AT(k, zp, rp, len)                                            \
     do {                                                                       \
         if ((k) < nmain) {                                                     \
-            zp = z + (k) * LM_BLK; rp = ref ? r + (k) * LM_BLK : NULL;         \
-            len = nv - (k) * LM_BLK < LM_BLK ? nv - (k) * LM_BLK : LM_BLK;     \
+            zp = z + (k) * blk; rp = ref ? r + (k) * blk : NULL;         \
+            len = nv - (k) * blk < blk ? nv - (k) * blk : blk;     \
         } else { zp = tz; rp = tr; len = LM_STEP; }                            \
     } while (0)
 
@@ -280,8 +295,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     /* The maxima rise only at blocks whose max exceeds all before: the
      * first argmax lies in the block of the last rise. */
 #define LM_FIND_IN(k, base, tail, mx)                                          \
-    ((k) < nmain ? (k) * LM_BLK + LM_FN(find_)((base) + (k) * LM_BLK,           \
-                       nv - (k) * LM_BLK < LM_BLK ? nv - (k) * LM_BLK : LM_BLK,   \
+    ((k) < nmain ? (k) * blk + LM_FN(find_)((base) + (k) * blk,           \
+                       nv - (k) * blk < blk ? nv - (k) * blk : blk,   \
                        (LANE_T)(mx), capped, vc, vic)                          \
                  : nv + LM_FN(find_)(tail, LM_STEP, (LANE_T)(mx), capped, vc, vic))
     if (amax && kz >= 0) am = LM_FIND_IN(kz, z, tz, M);
