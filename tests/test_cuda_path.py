@@ -109,6 +109,10 @@ def test_edge_cases_match_the_cpu_semantics(dev):
         lmmetrics.cross_entropy(z, torch.tensor([0, 5, 1, 1], device=dev))
     with pytest.raises(ValueError, match="out of range"):
         lmmetrics.cross_entropy(z, torch.tensor([0, 5, 10, 1], device=dev))
+    # an ignored target is not checked, on either path
+    t_big = torch.tensor([0, 5, 99, 1], device=dev)
+    want = lmmetrics.cross_entropy(z.cpu().numpy(), t_big.cpu().numpy(), ignore_index=99)
+    assert lmmetrics.cross_entropy(z, t_big, ignore_index=99) == pytest.approx(want, rel=1e-6)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA absent")

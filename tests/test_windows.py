@@ -1,6 +1,5 @@
 """sliding_window_nll: every token after the first scored once, by the
 first window that can score it (the longest context)."""
-import math
 
 import pytest
 

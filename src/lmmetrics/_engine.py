@@ -107,7 +107,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         if not cuda:
             lg, ref = _same_layout(lg, ref)
     if targets is not None:
-        tgt = as_targets(targets, lg, check_range=cuda is not None)
+        tgt = as_targets(targets, lg, check_range=cuda is not None, ignore_index=ignore)
     elif nll or ref_nll:
         raise ValueError("targets are required for the NLL")
     else:

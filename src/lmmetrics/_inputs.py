@@ -160,9 +160,10 @@ def target_error(flat: np.ndarray, i: int, n_cols: int, lead_shape) -> ValueErro
         f"range for a vocabulary of {n_cols}")
 
 
-def as_targets(targets: Any, logits: Logits, check_range: bool = True) -> np.ndarray:
-    """Targets as contiguous int64 of n_rows. With check_range, a target >=
-    vocab is a ValueError here (the native core checks counted targets itself)."""
+def as_targets(targets: Any, logits: Logits, check_range: bool = True, ignore_index: int = -100) -> np.ndarray:
+    """Targets as contiguous int64 of n_rows. With check_range, a counted
+    target (neither negative nor ignore_index) >= vocab is a ValueError here
+    (the native core checks them itself)."""
     t = as_index_array(targets, "targets")
     if t.shape != logits.lead_shape:
         raise ValueError(
@@ -170,7 +171,9 @@ def as_targets(targets: Any, logits: Logits, check_range: bool = True) -> np.nda
             f"vocabulary axis {logits.lead_shape}")
     flat = t.reshape(-1)
     if check_range and flat.size and flat.max() >= logits.n_cols:
-        raise target_error(flat, int(np.argmax(flat >= logits.n_cols)), logits.n_cols, logits.lead_shape)
+        bad = (flat >= logits.n_cols) & (flat != ignore_index)
+        if bad.any():
+            raise target_error(flat, int(np.argmax(bad)), logits.n_cols, logits.lead_shape)
     return np.ascontiguousarray(flat, dtype=np.int64)
 
 
