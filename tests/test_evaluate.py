@@ -218,3 +218,18 @@ def test_evaluator_argument_errors():
     z, _, t, _ = _data(22)
     with pytest.raises(ValueError, match="token_bytes"):
         lmmetrics.evaluate(z, t, token_bytes=np.ones(5, np.int64))
+
+
+def test_every_quantity_identical_for_any_thread_count(isa):
+    # one long row split across threads exercises the segment merge of every sum
+    for shape in [(1, 200000), (2, 70001), (40, 3000)]:
+        rng = np.random.default_rng(shape[1])
+        z = random_logits(rng, shape, np.float32)
+        r = (z + rng.standard_normal(shape) * 2).astype(np.float32)
+        z[0, 150 % shape[1]] = 40.0  # the maxima rise late in the row
+        r[0, -1] = 35.0
+        t = rng.integers(0, shape[1], shape[0])
+        runs = [lmmetrics.evaluate(z, t, reference_logits=r, num_threads=k).as_dict() for k in (1, 2, 3)]
+        assert runs[0] == runs[1] == runs[2]
+        np.testing.assert_allclose(lmmetrics.token_kl(r, z, num_threads=2), ref_kl(r, z), atol=2e-6)
+        np.testing.assert_allclose(lmmetrics.token_entropy(z, num_threads=3), ref_entropy(z), atol=2e-6)
