@@ -250,11 +250,12 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             if (ref) tr[k] = k < n - nv ? r[nv + k] : LM_ELEM_NEGINF;
         }
     }
+#define LM_BLK_LEN(k) (nv - (k) * blk < blk ? nv - (k) * blk : blk)
 #define LM_BLOCK_AT(k, zp, rp, len)                                            \
     do {                                                                       \
         if ((k) < nmain) {                                                     \
-            zp = z + (k) * blk; rp = ref ? r + (k) * blk : NULL;         \
-            len = nv - (k) * blk < blk ? nv - (k) * blk : blk;     \
+            zp = z + (k) * blk; rp = ref ? r + (k) * blk : NULL;               \
+            len = LM_BLK_LEN(k);                                               \
         } else { zp = tz; rp = tr; len = LM_STEP; }                            \
     } while (0)
 
@@ -295,14 +296,14 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     /* The maxima rise only at blocks whose max exceeds all before: the
      * first argmax lies in the block of the last rise. */
 #define LM_FIND_IN(k, base, tail, mx)                                          \
-    ((k) < nmain ? (k) * blk + LM_FN(find_)((base) + (k) * blk,           \
-                       nv - (k) * blk < blk ? nv - (k) * blk : blk,   \
-                       (LANE_T)(mx), capped, vc, vic)                          \
+    ((k) < nmain ? (k) * blk + LM_FN(find_)((base) + (k) * blk, LM_BLK_LEN(k),  \
+                                            (LANE_T)(mx), capped, vc, vic)     \
                  : nv + LM_FN(find_)(tail, LM_STEP, (LANE_T)(mx), capped, vc, vic))
     if (amax && kz >= 0) am = LM_FIND_IN(kz, z, tz, M);
     if (amax && ref && kr >= 0) ram = LM_FIND_IN(kr, r, tr, RM);
 #undef LM_FIND_IN
 #undef LM_BLOCK_AT
+#undef LM_BLK_LEN
     st->m = M; st->s = S; st->t = T; st->amax = am;
     st->rm = RM; st->rs = RS; st->c = C; st->ramax = ram;
 }

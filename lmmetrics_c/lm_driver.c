@@ -250,6 +250,7 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
 
 static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     const lm_job *j = x->job;
+    if (j->targets && j->targets[i] >= j->n_cols) return LM_ERR_TARGET; /* before any use */
     if (st->nan_found & 1 || isnan(st->s) || isnan(st->t)) return LM_ERR_NAN;
     if (st->posinf) return lm_row_exact(x, i);
     if (st->m == -INFINITY) return LM_ERR_EMPTY;
@@ -285,7 +286,6 @@ static void lm_skip(const lm_job *j, int64_t i) {
 static int lm_whole_row(const lm_ctx *x, int64_t i) {
     lm_state acc, st;
     if (!lm_counted(x->job, i)) { lm_skip(x->job, i); return LM_OK; }
-    if (x->job->targets && x->job->targets[i] >= x->job->n_cols) return LM_ERR_TARGET;
     lm_segment(x, i, 0, &acc);
     for (int64_t s = 1; s < x->nseg; s++) {
         lm_segment(x, i, s, &st);
@@ -357,7 +357,6 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         for (int64_t i = 0; i < n; i++) {
             lm_state *acc = &sts[i * x.nseg];
             if (!lm_counted(j, i)) { lm_skip(j, i); continue; }
-            if (j->targets && j->targets[i] >= j->n_cols) { status[i] = LM_ERR_TARGET; continue; }
             for (int64_t s = 1; s < x.nseg; s++) lm_merge(acc, &sts[i * x.nseg + s], s * LM_SEGMENT);
             status[i] = (unsigned char)lm_finish(&x, i, acc);
         }

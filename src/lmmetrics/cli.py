@@ -11,10 +11,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import _core, _engine
+from . import _core
 from ._config import show_config
 from ._files import FileError, load_array
-from .comparison import comparison_from_tokens
+from .comparison import comparison_from_tokens, token_values
 from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
 
@@ -228,10 +228,8 @@ def _compare(args) -> int:
     t = _targets(load_array(args.targets, "targets"), tuple(raw.shape))
     parts = []
     for a, b in _chunks(z.shape[0], z.shape[1], 2 * _itemsize(z), args):
-        res = _engine.run(z[a:b], t[a:b], r[a:b], ignore_index=args.ignore_index, num_threads=args.threads,
-                          nll=True, ref_nll=True, kl=True, argmax=True)
-        c = res.counted
-        parts.append((res.nll[c], res.ref_nll[c], res.kl[c], res.argmax[c] == res.ref_argmax[c]))
+        parts.append(token_values(r[a:b], z[a:b], t[a:b], ignore_index=args.ignore_index,
+                                  num_threads=args.threads))
     cmp = comparison_from_tokens(*(np.concatenate(p) for p in zip(*parts)))
     print(json.dumps(cmp.as_dict()) if args.json else cmp)
     return 0

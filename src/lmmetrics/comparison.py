@@ -121,10 +121,9 @@ def _mean_sigma(s: float, s2: float, n: int) -> Tuple[float, float]:
 def _distribution(x: np.ndarray, pcts) -> Distribution:
     n = x.size
     mean, sigma = _mean_sigma(float(np.sum(x)), float(np.sum(x * x)), n)
-    q = np.quantile(x, [p / 100.0 for p in pcts]) if n else [math.nan] * len(pcts)
-    per = {p: float(v) for p, v in zip(pcts, q)}
-    return Distribution(Estimate(mean, sigma), float(x.max()), float(x.min()),
-                        float(np.median(x)), {p: v for p, v in per.items() if p != 50.0})
+    per = {p: float(v) for p, v in zip(pcts, np.quantile(x, [p / 100.0 for p in pcts]))}
+    median = per.pop(50.0)
+    return Distribution(Estimate(mean, sigma), float(x.max()), float(x.min()), median, per)
 
 
 def comparison_from_tokens(nll_m: np.ndarray, nll_r: np.ndarray, kld: np.ndarray,
@@ -170,8 +169,16 @@ def compare(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: i
 
     >>> print(compare(base_logits, quant_logits, targets))   # doctest: +SKIP
     """
+    return comparison_from_tokens(*token_values(reference_logits, logits, targets,
+                                                ignore_index=ignore_index, num_threads=num_threads))
+
+
+def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: int = -100,
+                 num_threads: Optional[int] = None):
+    """Per counted token, from one read of both logits: (nll_m, nll_r, kld,
+    same) as :func:`comparison_from_tokens` takes them (concatenate the
+    values of several chunks first)."""
     res = _engine.run(logits, targets, reference_logits, ignore_index=ignore_index,
                       num_threads=num_threads, nll=True, ref_nll=True, kl=True, argmax=True)
     c = res.counted
-    return comparison_from_tokens(res.nll[c], res.ref_nll[c], res.kl[c],
-                                  res.argmax[c] == res.ref_argmax[c])
+    return res.nll[c], res.ref_nll[c], res.kl[c], res.argmax[c] == res.ref_argmax[c]

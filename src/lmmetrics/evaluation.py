@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _engine
 from ._inputs import as_table
+from .metrics import unit_sums
 
 LN2 = math.log(2.0)
 
@@ -119,9 +120,9 @@ class Evaluator:
             return
         counted = res.counted
         if table is not None:
-            units = np.where(counted, table[np.where(counted, res.targets, 0)], 0)
-            st["bytes"] += int(units.sum())
-            st["nll_sum_bytes"] += float(np.sum(res.nll[units > 0]))
+            nbytes, nll_bytes = unit_sums(res, table)
+            st["bytes"] += nbytes
+            st["nll_sum_bytes"] += nll_bytes
         if self._full:
             st["correct"] += int(np.count_nonzero(counted & (res.argmax == res.targets)))
             st["entropy_sum"] += float(np.sum(res.entropy))

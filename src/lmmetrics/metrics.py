@@ -91,15 +91,20 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: int = -100, softc
                          num_threads=num_threads) / LN2
 
 
+def unit_sums(res: _engine.RowResults, table: np.ndarray):
+    """(sum table[target], sum NLL of the tokens whose entry is > 0) over
+    counted tokens: bytes (or characters) and the NLL that goes with them."""
+    units = np.where(res.counted, table[np.where(res.counted, res.targets, 0)], 0)
+    return int(units.sum()), float(np.sum(res.nll[units > 0]))
+
+
 def _per_unit(res: _engine.RowResults, table: np.ndarray, skip_zero: bool) -> float:
     """sum NLL / (ln 2 * sum table[target]) over counted tokens; with
     skip_zero, tokens whose table entry is 0 leave both sums."""
-    units = np.where(res.counted, table[np.where(res.counted, res.targets, 0)], 0)
-    nll = res.nll[units > 0] if skip_zero else res.nll
-    total_units = int(units.sum())
+    total_units, nll_with_units = unit_sums(res, table)
     if total_units == 0:
         return float("inf")
-    return float(np.sum(nll)) / (LN2 * total_units)
+    return (nll_with_units if skip_zero else res.nll_sum) / (LN2 * total_units)
 
 
 def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: int = -100,
