@@ -17,7 +17,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 C_DIR = "lmmetrics_c"
-BASE_FLAGS = ["-O3", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden"]
+# -fno-wrapv undoes the -fwrapv in Python's own CFLAGS, which slows the
+# streaming kernel loops by a quarter (the core relies on no signed wrap).
+BASE_FLAGS = ["-O3", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-wrapv", "-fvisibility=hidden"]
 OPENMP_FLAGS = ["-fopenmp"]
 ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],

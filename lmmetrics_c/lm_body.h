@@ -30,14 +30,15 @@
 
 #ifdef LM_LIBM_EXP
 #define LM_EXP_LO (-746.0)
-LM_INLINE VF LM_FN(exp_)(VF x) { return exp(x); }
 LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return c * tanh(x / c); }
+/* e^(z - shift) = p * sc for z in [shift + LM_EXP_LO, shift + LM_HEAD] */
+LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) { (void)c1; *sc = 1.0; return exp(z - sh); }
 #else
 #define LM_EXP_LO (-86.0f)
 #define LM_MAGIC 12582912.0f /* 1.5 * 2^23: t = x / ln2 + MAGIC holds round(x / ln2) in its low bits */
 /* e^r = 1 + r + r^2 * D(r), D = c2 + c3 r + c4 r^2 + c5 r^3 (degree-5
- * polynomial, max 2.4 ulp for exp), by Estrin's scheme: short dependency
- * chains keep more iterations in flight. */
+ * polynomial, max 2.4 ulp for exp), by Estrin's scheme. Used by the
+ * softcap's expm1, which needs the whole range [-ln2/2, ln2/2] for r. */
 #define LM_EXP_D(r, r2)                                                        \
     v_fma(v_fma(v_set1(0.008312525227665901f), r, v_set1(0.041890114545822144f)), r2, \
           v_fma(v_set1(0.16667114198207855f), r, v_set1(0.499992311000824f)))
@@ -50,13 +51,6 @@ LM_INLINE VF LM_FN(reduce_)(VF x, VF *t, VF *r, VF *r2) {
     *r2 = v_mul(*r, *r);
     return LM_EXP_D(*r, *r2);
 }
-/* exp(x) for x in [LM_EXP_LO, 0] (x clamped by the caller). NaN in x gives
- * an unspecified value: the caller tracks NaN on its own. 1 + r is formed
- * beside the polynomial, off its dependency chain. */
-LM_INLINE VF LM_FN(exp_)(VF x) {
-    VF t, r, r2, d = LM_FN(reduce_)(x, &t, &r, &r2);
-    return v_scale(v_fma(d, r2, v_add(r, v_set1(1.0f))), t);
-}
 /* softcap: c * tanh(x / c) = sign(x) * c * (-em1 / (2 + em1)),
  * em1 = expm1(-2|x|/c), accurate near 0 (for n == 0 em1 is q itself). */
 LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
@@ -68,7 +62,33 @@ LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
     VF tnh = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
     return v_copysign(v_mul(tnh, c), x);
 }
+/* The sums' exp: e^(z - K ln2f) = p * sc, ln2f = ln 2 rounded to float,
+ * for z in [shift + LM_EXP_LO, shift + LM_HEAD], shift = K ln2f, with no
+ * subtraction of the shift. c1 = MAGIC - 4K, so that t = 4 z / ln2 + c1
+ * holds N - 4K in its low bits, N = round(4 z / ln2); then
+ * z - K ln2f = r + (N - 4K) ln2f / 4 with r = z - N ln2f / 4 (one fused
+ * rounding, |r| <= ln2 / 8): e^r by a cubic (3e-7 relative), and
+ * sc = 2^((N - 4K) / 4) from a 4-entry table and the exponent field
+ * (v_pow2q). ln2f's error, (N - 4K) * 1.9e-9 / 4 relative, is nil near
+ * the maximum, where the terms that count are. NaN in z gives a NaN p. */
+LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) {
+    VF t = v_fma(z, v_set1(5.770780163555854f), c1); /* 4 / ln 2 */
+    VF r = v_fma(v_sub(t, c1), v_set1(-0.17328679561614990234375f), z); /* ln2f / 4, exact */
+    (void)sh;
+    *sc = v_pow2q(t);
+    return v_fma(v_fma(v_fma(v_set1(0.16660411655902863f), r, v_set1(0.5003126263618469f)), r,
+                       v_set1(1.0000005960464478f)),
+                 r, v_set1(0.9999997019767761f));
+}
 #endif
+#define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
+/* A block's terms may exceed its shift by this much before the block is
+ * computed again with a higher shift (e^16 per term keeps float sums of
+ * 64 terms far from overflow). */
+#define LM_HEAD 16.0
+/* |K| bound for c1 = MAGIC - 4K to stay exact: rows whose maxima pass
+ * +-3.6e5 take the exact path. */
+#define LM_KMAX 524288.0
 
 #define LM_LOADC(p, a, b)                                                      \
     do {                                                                       \
@@ -124,97 +144,100 @@ LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, int cap
     return 0;
 }
 
-/* Accumulators of one block, in double. */
-typedef struct { double s, t, rs, c; LANE_T nmax, nrmax; int nan; } LM_FN(acc_);
+/* What one block gives, in double: sums against the shifts (MS, RMS) it
+ * was given, and its maxima. */
+typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan; } LM_FN(acc_);
 
-/* One block: exp sums of (z, r)[0, len) against the maxima (M, RM), fused
- * with the max of the next block (zn, rn)[0, nlen), nlen <= len; when there
- * is no next block, prefetch pf[0, pflen) bytes (the next segment) instead. */
+/* One block in one pass: the maxima of (z, r)[0, len) and sum e (z - MS),
+ * e = exp(z - MS), against shifts (MS, RMS) chosen before (finite, each
+ * a multiple of ln2f), prefetching pf[0, len) (the data a few blocks on).
+ * Terms are clamped to exp(LM_EXP_LO) below the shift; the caller does
+ * the block again if its maxima pass the shifts by more than LM_HEAD. */
 LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
-                              const LM_ELEM *zn, const LM_ELEM *rn, int64_t nlen,
-                              const char *pf, int64_t pflen, LANE_T M, LANE_T RM,
+                              const char *pf, double MS, double RMS,
                               const int ent, const int ref, const int capped,
                               VF vc, VF vic, LM_FN(acc_) *out) {
-    const VF lo = v_set1(LM_EXP_LO), vm = v_set1(M), vrm = v_set1(RM);
     const VF zero = v_set1(0.0f);
+    const LANE_T ms = (LANE_T)MS, rms = (LANE_T)RMS; /* d = z - ms in float lanes */
+    const VF lo = v_set1((LANE_T)(MS + LM_EXP_LO)), rlo = v_set1((LANE_T)(RMS + LM_EXP_LO));
+    const VF vms = v_set1(ms), vrms = v_set1(rms), vsh = v_set1(MS), vrsh = v_set1(RMS);
+#ifdef LM_LIBM_EXP
+    const VF k1 = zero, rk1 = zero;
+#else /* see expq_ */
+    const VF k1 = v_set1(LM_MAGIC - (float)(4.0 * MS / LM_LN2F));
+    const VF rk1 = v_set1(LM_MAGIC - (float)(4.0 * RMS / LM_LN2F));
+#endif
     VF s0 = zero, s1 = zero, t0 = zero, t1 = zero;
     VF rs0 = zero, rs1 = zero, c0 = zero, c1 = zero;
     VF mx = v_set1(-INFINITY), rmx = mx;
-    VF nz = zero, nr = zero; /* sums of the clamped differences: NaN-sticky */
-    int64_t j = 0;
 
-/* acc += a + b (acc += a x + b y): the a and b lanes go to two
- * accumulators, or, for a row pair (ref), to one, which keeps the KL pass's
- * accumulators in AVX2's 16 registers (ref blocks are half as long, so a
- * lane still sums at most 64 terms). */
-#define LM_ADD2(acc0, acc1, a, b)                                              \
+/* One vector x (and the reference's y) into the sums: max, clamp (a NaN
+ * survives it), e = p sc, s += p sc fused (the same in every mode). Each
+ * vector is done before the next, to keep few values live. */
+#define LM_HALF(x, y, s, t, rs, c)                                             \
     do {                                                                       \
-        if (ref) acc0 = v_add(acc0, v_add(a, b));                              \
-        else { acc0 = v_add(acc0, a); acc1 = v_add(acc1, b); }                 \
-    } while (0)
-#define LM_FMA2(acc0, acc1, a, x, b, y)                                        \
-    do {                                                                       \
-        if (ref) acc0 = v_fma(a, x, v_fma(b, y, acc0));                        \
-        else { acc0 = v_fma(a, x, acc0); acc1 = v_fma(b, y, acc1); }           \
-    } while (0)
-#define LM_EXP_STEP()                                                          \
-    do {                                                                       \
-        VF za, zb, ua, ub, da, db, ea, eb;                                     \
-        LM_LOADC(z + j, za, zb);                                               \
-        ua = v_sub(za, vm);                                                    \
-        ub = v_sub(zb, vm);                                                    \
-        da = v_max(lo, ua);                                                    \
-        db = v_max(lo, ub);                                                    \
-        if (!ent) nz = v_add(nz, v_add(da, db));                               \
-        ea = LM_FN(exp_)(da);                                                  \
-        eb = LM_FN(exp_)(db);                                                  \
-        LM_ADD2(s0, s1, ea, eb);                                               \
-        if (ent) LM_FMA2(t0, t1, ea, da, eb, db);                              \
+        VF xc_ = v_max(lo, x), sc_, p_;                                        \
+        mx = v_max(x, mx);                                                     \
+        p_ = LM_FN(expq_)(xc_, k1, vsh, &sc_);                                 \
+        s = v_fma(p_, sc_, s);                                                 \
+        if (ent) t = v_fma(v_mul(p_, sc_), v_sub(xc_, vms), t);                \
         if (ref) {                                                             \
-            VF ra, rb, dra, drb, era, erb;                                     \
-            LM_LOADC(r + j, ra, rb);                                           \
-            dra = v_max(lo, v_sub(ra, vrm));                                   \
-            drb = v_max(lo, v_sub(rb, vrm));                                   \
-            nr = v_add(nr, v_add(dra, drb));                                   \
-            era = LM_FN(exp_)(dra);                                            \
-            erb = LM_FN(exp_)(drb);                                            \
-            LM_ADD2(rs0, rs1, era, erb);                                       \
-            LM_FMA2(c0, c1, era, v_zero_neginf(v_sub(dra, ua), ra),            \
-                    erb, v_zero_neginf(v_sub(drb, ub), rb));                   \
+            VF yc_ = v_max(rlo, y), e_;                                        \
+            rmx = v_max(y, rmx);                                               \
+            p_ = LM_FN(expq_)(yc_, rk1, vrsh, &sc_);                           \
+            rs = v_fma(p_, sc_, rs);                                           \
+            e_ = v_mul(p_, sc_);                                               \
+            /* e_r ((r - rms) - (z - ms)), z unclamped: -inf there gives +inf */ \
+            c = v_fma(e_, v_zero_neginf(v_sub(v_sub(yc_, vrms), v_sub(x, vms)), y), c); \
         }                                                                      \
     } while (0)
 
-    for (; j < nlen; j += LM_STEP) {
-        VF a, b;
-        LM_LOADC(zn + j, a, b);
-        __builtin_prefetch((const char *)(zn + j) + LM_PREFETCH_BYTES, 0, 3);
-        mx = v_max(v_max(a, b), mx);
-        if (ref) {
-            LM_LOADC(rn + j, a, b);
-            __builtin_prefetch((const char *)(rn + j) + LM_PREFETCH_BYTES, 0, 3);
-            rmx = v_max(v_max(a, b), rmx);
-        }
-        LM_EXP_STEP();
+    for (int64_t j = 0; j < len; j += LM_STEP) {
+        VF za, zb, ra = zero, rb = zero;
+        LM_LOADC(z + j, za, zb);
+        __builtin_prefetch(pf + j * (int64_t)sizeof(LM_ELEM), 0, 3);
+        if (ref) LM_LOADC(r + j, ra, rb);
+        LM_HALF(za, ra, s0, t0, rs0, c0);
+        /* a row pair (ref) sums both halves into one set of accumulators,
+         * which keeps the KL pass in AVX2's 16 registers (ref blocks are
+         * half as long, so a lane still sums at most 64 terms) */
+        if (ref) LM_HALF(zb, rb, s0, t0, rs0, c0);
+        else LM_HALF(zb, rb, s1, t1, rs1, c1);
     }
-    for (; j < len; j += LM_STEP) {
-        int64_t off = j * (int64_t)sizeof(LM_ELEM);
-        if (off < pflen) __builtin_prefetch(pf + off, 0, 3);
-        LM_EXP_STEP();
-    }
-#undef LM_EXP_STEP
-#undef LM_ADD2
-#undef LM_FMA2
+#undef LM_HALF
     out->s = LM_FN(hsum_)(v_add(s0, s1));
-    out->t = ent ? LM_FN(hsum_)(v_add(t0, t1)) : 0.0;
     out->rs = ref ? LM_FN(hsum_)(v_add(rs0, rs1)) : 0.0;
-    out->c = ref ? LM_FN(hsum_)(v_add(c0, c1)) : 0.0;
-    out->nmax = LM_FN(hmax_)(mx);
-    out->nrmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
-    /* d = max(lo, z - m) is finite unless z is NaN, and so are their sums */
-    out->nan = (isnan(ent ? out->t : LM_FN(hsum_)(nz)) ? 1 : 0) | (ref && isnan(LM_FN(hsum_)(nr)) ? 2 : 0);
+    /* the lanes' d used ms = MS rounded to LANE_T: move t and c to MS */
+    out->t = ent ? LM_FN(hsum_)(v_add(t0, t1)) + ((double)ms - MS) * out->s : 0.0;
+    out->c = ref ? LM_FN(hsum_)(v_add(c0, c1)) + (((double)rms - RMS) - ((double)ms - MS)) * out->rs : 0.0;
+    out->zmax = LM_FN(hmax_)(mx);
+    out->rmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
+    /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
+    out->nan = (isnan(out->s) ? 1 : 0) | (ref && isnan(out->rs) ? 2 : 0);
 }
 
-/* Raise the running max of one side to bm: s scales by a = exp(m - bm),
+#ifndef LM_LIBM_EXP
+/* exact / computed exp(m - ms), m a lane value, ms a shift */
+LM_INLINE double LM_FN(fix_)(double m, double ms) {
+    LANE_T e[VW];
+    VF sc, p = LM_FN(expq_)(v_set1(m), v_set1(LM_MAGIC - (float)(4.0 * ms / LM_LN2F)), v_set1(ms), &sc);
+    v_store(e, v_mul(p, sc));
+    return exp(m - ms) / (double)e[0];
+}
+#endif
+
+/* The shift for a maximum bm: K ln2f, K = ceil(bm / ln2f); NaN when out
+ * of range for c1. With libm's exp, bm itself. */
+LM_INLINE double LM_FN(shift_of_)(double bm) {
+#ifdef LM_LIBM_EXP
+    return bm;
+#else
+    double k = ceil(bm / LM_LN2F);
+    return fabs(k) <= LM_KMAX ? k * LM_LN2F : NAN;
+#endif
+}
+
+/* Raise the shift of one side from *m to bm: s scales by a = exp(m - bm),
  * and t = sum e (z - m) (t: the same side's weights and shift) becomes
  * a (t + (m - bm) s). The cross term c = sum e_r ((r - rm) - (z - m)) moves
  * with both sides: pass the reference side's (RS, &C) when raising the
@@ -238,10 +261,13 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* see LM_ADD2 */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
+    const int64_t pfe = LM_PREFETCH_BYTES / (int64_t)sizeof(LM_ELEM);
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
-    double M = -INFINITY, S = 0.0, T = 0.0, RM = -INFINITY, RS = 0.0, C = 0.0;
+    /* maxima so far; shifts (the sums are of exp(z - MS)), -inf until a
+     * finite value is seen */
+    double M = -INFINITY, RM = -INFINITY, MS = -INFINITY, RMS = -INFINITY;
+    double S = 0.0, T = 0.0, RS = 0.0, C = 0.0;
     int64_t am = -1, ram = -1, kz = -1, kr = -1; /* blocks of the final maxima */
-    LANE_T bm, brm = (LANE_T)-INFINITY;
 
     memset(st, 0, sizeof *st);
     if (nv < n) { /* the tail, padded with -inf to one step */
@@ -258,40 +284,60 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             len = LM_BLK_LEN(k);                                               \
         } else { zp = tz; rp = tr; len = LM_STEP; }                            \
     } while (0)
+/* a side's shift must rise when its block max passes it; the block is done
+ * again when it passes by more than LM_HEAD, or when the side had no shift */
+#define LM_REDO(bm, sh) ((bm) > -INFINITY && ((sh) == -INFINITY || (bm) > (sh) + LM_HEAD))
+/* the shift a block is computed against: 0 while a side has none (its
+ * sums are then dropped; the pass still looks for NaN) */
+#define LM_EFF(sh) ((sh) == -INFINITY ? 0.0 : (sh))
+#define LM_TAKE()                                                              \
+    do {                                                                       \
+        if (MS != -INFINITY) { S += acc.s; T += acc.t; }                       \
+        if (ref && RMS != -INFINITY) { RS += acc.rs; C += acc.c; }             \
+    } while (0)
 
-    if (nblocks > 0) {
-        const LM_ELEM *zp, *rp;
-        int64_t len;
-        LM_BLOCK_AT(0, zp, rp, len);
-        bm = LM_FN(max_)(zp, len, capped, vc, vic);
-        if (ref) brm = LM_FN(max_)(rp, len, capped, vc, vic);
-    }
     for (int64_t k = 0; k < nblocks; k++) {
-        const LM_ELEM *zp, *rp, *zn = NULL, *rn = NULL;
-        int64_t len, nlen = 0;
+        const LM_ELEM *zp, *rp;
+        const char *pf;
+        int64_t len, o = k * blk + pfe;
+        double bm, brm;
+        int redo;
         LM_FN(acc_) acc;
         LM_BLOCK_AT(k, zp, rp, len);
-        if (k + 1 < nblocks) LM_BLOCK_AT(k + 1, zn, rn, nlen);
-        if (bm == INFINITY || brm == INFINITY) { st->posinf = 1; return; }
-        if (bm > M) {
-            kz = k;
-            LM_FN(raise_)(&M, &S, ent ? &T : NULL, RS, ref ? &C : NULL, bm);
+        /* prefetch a fixed distance ahead: in this segment, else the next */
+        pf = o < n ? (const char *)(z + o)
+           : next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)zp;
+        if (k == 0) { /* a first look at the maxima: the first shifts */
+            bm = LM_FN(max_)(zp, len, capped, vc, vic);
+            brm = ref ? LM_FN(max_)(rp, len, capped, vc, vic) : (LANE_T)-INFINITY;
+            if (bm > -INFINITY) MS = LM_FN(shift_of_)(bm);
+            if (brm > -INFINITY) RMS = LM_FN(shift_of_)(brm);
+            if (bm == INFINITY || brm == INFINITY || isnan(MS) || isnan(RMS)) { st->slow = 1; return; }
         }
-        if (ref && brm > RM) {
-            kr = k;
-            LM_FN(raise_)(&RM, &RS, &C, 0.0, NULL, brm);
+        LM_FN(block_)(zp, rp, len, pf, LM_EFF(MS), LM_EFF(RMS), ent, ref, capped, vc, vic, &acc);
+        bm = acc.zmax;
+        brm = acc.rmax;
+        if (bm == INFINITY || brm == INFINITY) { st->slow = 1; return; }
+        redo = LM_REDO(bm, MS) || (ref && LM_REDO(brm, RMS));
+        if (!redo) LM_TAKE();
+        if (bm > MS) {
+            double sh = LM_FN(shift_of_)(bm);
+            if (isnan(sh)) { st->slow = 1; return; }
+            LM_FN(raise_)(&MS, &S, ent ? &T : NULL, RS, ref ? &C : NULL, sh);
         }
-        /* With M == -inf so far (all -inf), exponentiate against 0 and drop
-         * the sums: the pass still looks for NaN. */
-        LM_FN(block_)(zp, rp, len, zn, rn, nlen, (const char *)next,
-                      next && k + 1 == nblocks ? len * (int64_t)sizeof(LM_ELEM) : 0,
-                      (LANE_T)(M == -INFINITY ? 0.0 : M),
-                      (LANE_T)(RM == -INFINITY ? 0.0 : RM), ent, ref, capped, vc, vic, &acc);
+        if (ref && brm > RMS) {
+            double sh = LM_FN(shift_of_)(brm);
+            if (isnan(sh)) { st->slow = 1; return; }
+            LM_FN(raise_)(&RMS, &RS, &C, 0.0, NULL, sh);
+        }
+        if (redo) { /* again, from L1, against the new shifts */
+            LM_FN(block_)(zp, rp, len, (const char *)zp, LM_EFF(MS), LM_EFF(RMS),
+                          ent, ref, capped, vc, vic, &acc);
+            LM_TAKE();
+        }
         st->nan_found |= acc.nan;
-        if (M != -INFINITY) { S += acc.s; T += acc.t; }
-        if (ref && RM != -INFINITY) { RS += acc.rs; C += acc.c; }
-        bm = acc.nmax;
-        brm = acc.nrmax;
+        if (bm > M) { M = bm; kz = k; }
+        if (ref && brm > RM) { RM = brm; kr = k; }
     }
     /* The maxima rise only at blocks whose max exceeds all before: the
      * first argmax lies in the block of the last rise. */
@@ -302,10 +348,29 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     if (amax && kz >= 0) am = LM_FIND_IN(kz, z, tz, M);
     if (amax && ref && kr >= 0) ram = LM_FIND_IN(kr, r, tr, RM);
 #undef LM_FIND_IN
+#undef LM_REDO
+#undef LM_EFF
+#undef LM_TAKE
 #undef LM_BLOCK_AT
 #undef LM_BLK_LEN
-    st->m = M; st->s = S; st->t = T; st->amax = am;
-    st->rm = RM; st->rs = RS; st->c = C; st->ramax = ram;
+#ifndef LM_LIBM_EXP
+    /* The max's own term exact: every term carries the exp's error (up to
+     * 3e-7, the same for a value against any shift); scaling a side's sums
+     * by exact / computed of its max makes that term exact and keeps
+     * log-probabilities <= 0 and a one-hot row's entropy 0. */
+    if (M > -INFINITY) {
+        double a = LM_FN(fix_)(M, MS);
+        S *= a;
+        T *= a;
+    }
+    if (ref && RM > -INFINITY) {
+        double a = LM_FN(fix_)(RM, RMS);
+        RS *= a;
+        C *= a;
+    }
+#endif
+    st->m = MS; st->s = S; st->t = T; st->mx = M; st->amax = am;
+    st->rm = RMS; st->rs = RS; st->c = C; st->rmx = RM; st->ramax = ram;
 }
 
 /* The exported kernel: specialised for the flag sets the driver uses. */

@@ -154,12 +154,12 @@ static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
     x->fn(z, r, n, x->flags, (float)j->softcap, next, st);
 }
 
-/* scale factor of a side with max m and sum s to a common max M */
+/* scale factor of a side with shift m and sum s to a common shift M */
 static double lm_scale(double m, double s, double M) {
     return s == 0.0 ? 0.0 : exp(m - M);
 }
 
-/* the cross term of x moved to the common maxima (M, RM): each of its
+/* the cross term of x moved to the common shifts (M, RM): each of its
  * terms e_r ((r - rm) - (z - m)) becomes a e_r ((r - RM) - (z - M)) */
 static double lm_cross(const lm_state *x, double M, double RM) {
     double a = lm_scale(x->rm, x->rs, RM);
@@ -174,14 +174,20 @@ static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
     a->c = lm_cross(a, M, RM) + lm_cross(b, M, RM);
     a->t = (ea ? ea * (a->t + (a->m - M) * a->s) : 0.0) + (eb ? eb * (b->t + (b->m - M) * b->s) : 0.0);
     a->s = a->s * ea + b->s * eb;
-    if (b->m > a->m && b->amax >= 0) a->amax = b->amax + offset;
+    if (b->mx > a->mx) {
+        if (b->amax >= 0) a->amax = b->amax + offset;
+        a->mx = b->mx;
+    }
     a->m = M;
     ea = lm_scale(a->rm, a->rs, RM);
     eb = lm_scale(b->rm, b->rs, RM);
     a->rs = a->rs * ea + b->rs * eb;
-    if (b->rm > a->rm && b->ramax >= 0) a->ramax = b->ramax + offset;
+    if (b->rmx > a->rmx) {
+        if (b->ramax >= 0) a->ramax = b->ramax + offset;
+        a->rmx = b->rmx;
+    }
     a->rm = RM;
-    a->posinf |= b->posinf;
+    a->slow |= b->slow;
     a->nan_found |= b->nan_found;
 }
 
@@ -190,7 +196,8 @@ static double lm_cap(const lm_job *j, double v) {
 }
 
 /* One side of a row, exactly, in double: how many +inf, the lse over the
- * finite part, entropy, first argmax. Used only for rows holding +inf. */
+ * finite part, entropy, first argmax. Used only for rows a kernel calls slow
+ * (+inf, or maxima beyond its range). */
 typedef struct { int64_t ninf, amax; double m, lse, ent; int nan; } lm_exact;
 
 static lm_exact lm_exact_side(const lm_job *j, const void *p) {
@@ -252,25 +259,28 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     const lm_job *j = x->job;
     if (j->targets && j->targets[i] >= j->n_cols) return LM_ERR_TARGET; /* before any use */
     if (st->nan_found & 1 || isnan(st->s) || isnan(st->t)) return LM_ERR_NAN;
-    if (st->posinf) return lm_row_exact(x, i);
+    if (st->slow) return lm_row_exact(x, i);
     if (st->m == -INFINITY) return LM_ERR_EMPTY;
     if (j->ref.base) {
         if (st->nan_found & 2 || isnan(st->rs) || isnan(st->c)) return LM_ERR_NAN_REF;
         if (st->rm == -INFINITY) return LM_ERR_EMPTY_REF;
     }
     double ls = log(st->s);
+    /* each of these is >= 0 exactly; rounding may leave -1e-16 */
+#define LM_NONNEG(v) ((v) < 0.0 ? 0.0 : (v))
     if (j->nll) {
         const char *z = lm_row(x, &j->logits, i);
-        j->nll[i] = st->m + ls - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]));
+        j->nll[i] = LM_NONNEG((st->m - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]))) + ls);
     }
-    if (j->entropy) j->entropy[i] = ls - st->t / st->s;
+    if (j->entropy) j->entropy[i] = LM_NONNEG(ls - st->t / st->s);
     if (j->argmax) j->argmax[i] = st->amax;
-    if (j->kl) j->kl[i] = st->c / st->rs - log(st->rs) + ls;
+    if (j->kl) j->kl[i] = LM_NONNEG(st->c / st->rs - log(st->rs) + ls);
     if (j->ref_argmax) j->ref_argmax[i] = st->ramax;
     if (j->ref_nll) {
         const char *r = lm_row(x, &j->ref, i);
-        j->ref_nll[i] = st->rm + log(st->rs) - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]));
+        j->ref_nll[i] = LM_NONNEG((st->rm - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]))) + log(st->rs));
     }
+#undef LM_NONNEG
     return LM_OK;
 }
 

@@ -14,17 +14,24 @@
 #define LM_BLOCK 4096
 #define LM_PREFETCH_BYTES 16384
 
-/* The state of one segment (or a merged row). Model side: m = max,
- * s = sum exp(z - m), t = sum exp(z - m) * (z - m), amax = first argmax.
- * Reference side: rm, rs, ramax likewise; c = sum exp(r - rm) * ((r - rm) - (z - m)),
- * so that KL = c / rs - log rs + log s.
- * posinf: the segment holds +inf (the row takes the exact slow path). */
+/* The state of one segment (or a merged row). Model side: m = the shift
+ * of the sums, s = sum exp(z - m), t = sum exp(z - m) * (z - m),
+ * mx = max, amax = first argmax. Reference side: rm, rs, rmx, ramax
+ * likewise; c = sum exp(r - rm) * ((r - rm) - (z - m)), so that
+ * KL = c / rs - log rs + log s. A shift is -inf while its side has seen
+ * only -inf. slow: the segment holds +inf, or maxima beyond the kernel's
+ * range (the row takes the exact path). */
 typedef struct {
-    double m, s, t;
-    double rm, rs, c;
+    double m, s, t, mx;
+    double rm, rs, c, rmx;
     int64_t amax, ramax;
-    int posinf, nan_found;
+    int slow, nan_found;
 } lm_state;
+
+/* The sums' exp: 2^(j/4), j = 0..3, as float bits less j << 21, so that
+ * adding t << 21 (t holding 4n + j in its low bits) gives 2^(n + j/4). */
+#define LM_POW2Q_TABLE                                                         \
+    0x3f800000, 0x3f9837f0 - (1 << 21), 0x3fb504f3 - (2 << 21), 0x3fd744fd - (3 << 21)
 
 enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
 

@@ -24,6 +24,13 @@ typedef float LANE_T;
 #define v_scale(p, t)                                                          \
     _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),               \
         _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
+/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE) */
+#define v_pow2q(t)                                                             \
+    _mm512_castsi512_ps(_mm512_add_epi32(                                      \
+        _mm512_castps_si512(_mm512_permutevar_ps(                              \
+            _mm512_castsi512_ps(_mm512_broadcast_i32x4(_mm_setr_epi32(LM_POW2Q_TABLE))), \
+            _mm512_castps_si512(t))),                                          \
+        _mm512_slli_epi32(_mm512_castps_si512(t), 21)))
 #define v_sel_n0(n, a, b)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
 /* nonzero when some lane of a equals the same lane of b */

@@ -12,9 +12,24 @@
 #undef v_abs
 #undef v_copysign
 #undef v_scale
+#undef v_pow2q
 #undef v_sel_n0
 #undef v_zero_neginf
 #undef v_any_eq
+
+#ifndef LM_SIMD_SCALAR_ONCE
+#define LM_SIMD_SCALAR_ONCE
+/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE),
+ * by the same integer steps as the vector paths */
+static inline float lm_pow2q(float t) {
+    static const uint32_t tab[4] = {LM_POW2Q_TABLE};
+    uint32_t u;
+    memcpy(&u, &t, 4);
+    u = tab[u & 3u] + (u << 21);
+    memcpy(&t, &u, 4);
+    return t;
+}
+#endif
 
 #define LM_ISA_TAG scalar
 #define VF LANE_T
@@ -24,13 +39,15 @@
 #define v_sub(a, b) ((a) - (b))
 #define v_mul(a, b) ((a) * (b))
 #define v_div(a, b) ((a) / (b))
-#define v_fma(a, b, c) ((a) * (b) + (c))
+/* fused, as the vector paths' (the sums' exp relies on one rounding) */
+#define v_fma(a, b, c) ((LANE_T)fma((double)(a), (double)(b), (double)(c)))
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define v_max(a, b) ((a) > (b) ? (a) : (b))
 #define v_store(p, v) (*(p) = (v))
 #define v_abs(x) ((LANE_T)fabs(x))
 #define v_copysign(m, s) ((LANE_T)copysign(m, s))
 #define v_scale(p, t) ((t) == (t) ? (LANE_T)ldexp(p, (int)((t) - LM_MAGIC)) : (t))
+#define v_pow2q(t) lm_pow2q(t)
 #define v_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
 #define v_any_eq(a, b) ((a) == (b))
 #define v_zero_neginf(x, r) ((r) == -INFINITY ? (LANE_T)0 : (x))
