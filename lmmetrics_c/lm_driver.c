@@ -106,18 +106,34 @@ static lm_segment_fn lm_kernel_for(int isa, int dtype) {
 }
 
 /* A read-only pass over a buffer (the speed limit the benchmarks compare
- * with): an OR over 64-bit words, split across threads. */
+ * with): the active ISA's float max loop over 64 KB chunks, split across
+ * threads; the bytes after the last whole chunk are ORed. */
 uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads) {
-    const uint64_t *w = (const uint64_t *)p;
-    int64_t n = nbytes / 8;
+    const int64_t chunk = 16384; /* floats */
+    const int64_t nchunks = nbytes / 4 / chunk;
+    const unsigned char *tail = (const unsigned char *)p + nchunks * chunk * 4;
+    lm_read_fn fn = lm_read_scalar;
+    float m = -INFINITY;
     uint64_t acc = 0;
+    uint32_t bits;
     int nt = num_threads > 0 ? num_threads : lm_max_threads();
     (void)nt;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : acc)
+#ifdef LM_HAVE_AVX512
+    if (lm_isa_active() == LM_ISA_AVX512) fn = lm_read_avx512;
 #endif
-    for (int64_t i = 0; i < n; i++) acc |= w[i];
-    return acc;
+#ifdef LM_HAVE_AVX2
+    if (lm_isa_active() == LM_ISA_AVX2) fn = lm_read_avx2;
+#endif
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(max : m)
+#endif
+    for (int64_t c = 0; c < nchunks; c++) {
+        float v = fn((const float *)p + c * chunk, chunk);
+        m = v > m ? v : m;
+    }
+    for (int64_t i = 0; i < nbytes - nchunks * chunk * 4; i++) acc |= tail[i];
+    memcpy(&bits, &m, 4);
+    return acc | bits;
 }
 
 /* ----------------------------------------------------------------- rows */

@@ -1,6 +1,6 @@
 /* Instantiates lm_body.h for the 16- and 32-bit dtypes with the primitives
  * of the lm_simd_*.h included before, and names the results
- * lm_segment_<isa>_<dtype>. */
+ * segment_<isa>_<dtype>; read_<isa>_f32 is the float max loop alone. */
 #define LM_NAME3_(a, b, c) a##_##b##_##c
 #define LM_NAME3(a, b, c) LM_NAME3_(a, b, c)
 
@@ -10,6 +10,9 @@
 #define LM_LANE_ELEM LM_LANE_F32
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f32)
 #include "lm_body.h"
+static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
+    return LM_FN(max_)(p, n, 0, v_set1(1.0f), v_set1(1.0f));
+}
 #undef LM_ELEM
 #undef LM_ELEM_NEGINF
 #undef LM_LOAD2

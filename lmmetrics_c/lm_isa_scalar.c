@@ -20,3 +20,4 @@
 const lm_segment_fn lm_kernels_scalar[LM_NDTYPES] = {
     [LM_F32] = segment_scalar_f32, [LM_F64] = segment_scalar_f64,
     [LM_F16] = segment_scalar_f16, [LM_BF16] = segment_scalar_bf16};
+const lm_read_fn lm_read_scalar = read_scalar_f32;
