@@ -1,24 +1,30 @@
 /* The one kernel body: a segment of a row (or of a row pair, for KL) in one
  * pass over memory. Included once per (ISA, dtype) by lm_instantiate.h after
  * an lm_simd_*.h header has defined the vector primitives:
- *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma, v_max, v_abs,
- *   v_copysign, v_scale, v_sel_n0, v_zero_neginf, v_any_eq, v_store,
+ *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma (fused), v_max,
+ *   v_abs, v_copysign, v_scale, v_pow2q, v_sel_n0, v_zero_neginf, v_any_eq,
+ *   v_store,
  * and the dtype macros:
- *   LM_ELEM (storage type), LM_ELEM_NEGINF, LM_DT (enum lm_dtype),
+ *   LM_ELEM (storage type), LM_ELEM_NEGINF,
  *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
  *   LM_LANE_ELEM(k)    element offset of position k in [a lanes, b lanes],
  *   LM_FN(name)        the name of this instantiation's function.
  *
- * The pass walks the segment in blocks of LM_BLOCK elements. In one loop it
- * takes the max of block k+1 (streaming from memory, prefetching ahead) and
- * sum exp(z - m) of block k (in L1 since the previous loop), so memory and
- * arithmetic overlap. The running max only changes at block boundaries;
- * float lane accumulators are flushed to double once per block.
+ * The pass walks the segment in blocks and reads each element once: one
+ * loop takes a block's max and its sum of exp(z - shift), the shift a
+ * multiple of ln 2 at or above the max of the blocks before (the first
+ * block's max is taken alone first). A block whose max passes the max
+ * before it by more than LM_HEAD is done again, from L1, against its own;
+ * with real and random logits that is a block or two a row. The exp
+ * folds the shift into its range reduction (expq_), so a term costs a
+ * clamp, two fused multiply-adds and a subtraction, a cubic, a table
+ * lookup and the fused add into the sum. Float lane accumulators are
+ * flushed to double once per block.
  */
 
 #define LM_STEP (2 * VW)
-/* block length: at most 4096 elements and 64 terms per float lane
- * accumulator (longer float sums cost KL and entropy accuracy) */
+/* block length: at most 4096 elements and 128 terms per float lane
+ * accumulator, 64 in the KL pass (longer float sums cost accuracy) */
 #define LM_BLK (64 * LM_STEP < LM_BLOCK ? 64 * LM_STEP : LM_BLOCK)
 
 #ifndef LM_BODY_ONCE
@@ -82,10 +88,12 @@ LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) {
 }
 #endif
 #define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
-/* A block's terms may exceed its shift by this much before the block is
- * computed again with a higher shift (e^16 per term keeps float sums of
- * 64 terms far from overflow). */
-#define LM_HEAD 16.0
+/* A block whose max passes the max before it (or the shift) by more than
+ * this is done again against the new max and shift: terms then stay
+ * below max + 1, within the exp's range, and the sums of e (z - max)
+ * (entropy, KL) keep float accuracy, the terms that count having
+ * z - max small. Every mode redoes the same blocks (same sums). */
+#define LM_HEAD 1.0
 /* |K| bound for c1 = MAGIC - 4K to stay exact: rows whose maxima pass
  * +-3.6e5 take the exact path. */
 #define LM_KMAX 524288.0
@@ -151,14 +159,15 @@ typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan; } LM_FN(acc_);
 /* One block in one pass: the maxima of (z, r)[0, len) and sum e (z - MS),
  * e = exp(z - MS), against shifts (MS, RMS) chosen before (finite, each
  * a multiple of ln2f), prefetching pf[0, len) (the data a few blocks on).
+ * The lanes form d = z - ms against lane values (ms, rms), the maxima so
+ * far (a one-hot row's d is then 0), and move the sums to the shifts.
  * Terms are clamped to exp(LM_EXP_LO) below the shift; the caller does
- * the block again if its maxima pass the shifts by more than LM_HEAD. */
+ * the block again if its maxima pass the maxima before by more than LM_HEAD. */
 LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
-                              const char *pf, double MS, double RMS,
+                              const char *pf, double MS, double RMS, LANE_T ms, LANE_T rms,
                               const int ent, const int ref, const int capped,
                               VF vc, VF vic, LM_FN(acc_) *out) {
     const VF zero = v_set1(0.0f);
-    const LANE_T ms = (LANE_T)MS, rms = (LANE_T)RMS; /* d = z - ms in float lanes */
     const VF lo = v_set1((LANE_T)(MS + LM_EXP_LO)), rlo = v_set1((LANE_T)(RMS + LM_EXP_LO));
     const VF vms = v_set1(ms), vrms = v_set1(rms), vsh = v_set1(MS), vrsh = v_set1(RMS);
 #ifdef LM_LIBM_EXP
@@ -167,14 +176,14 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     const VF k1 = v_set1(LM_MAGIC - (float)(4.0 * MS / LM_LN2F));
     const VF rk1 = v_set1(LM_MAGIC - (float)(4.0 * RMS / LM_LN2F));
 #endif
-    VF s0 = zero, s1 = zero, t0 = zero, t1 = zero;
-    VF rs0 = zero, rs1 = zero, c0 = zero, c1 = zero;
+    /* one accumulator per sum: the loop then fits AVX2's 16 registers */
+    VF s = zero, t = zero, rs = zero, c = zero;
     VF mx = v_set1(-INFINITY), rmx = mx;
 
 /* One vector x (and the reference's y) into the sums: max, clamp (a NaN
  * survives it), e = p sc, s += p sc fused (the same in every mode). Each
  * vector is done before the next, to keep few values live. */
-#define LM_HALF(x, y, s, t, rs, c)                                             \
+#define LM_HALF(x, y)                                                          \
     do {                                                                       \
         VF xc_ = v_max(lo, x), sc_, p_;                                        \
         mx = v_max(x, mx);                                                     \
@@ -197,19 +206,15 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         LM_LOADC(z + j, za, zb);
         __builtin_prefetch(pf + j * (int64_t)sizeof(LM_ELEM), 0, 3);
         if (ref) LM_LOADC(r + j, ra, rb);
-        LM_HALF(za, ra, s0, t0, rs0, c0);
-        /* a row pair (ref) sums both halves into one set of accumulators,
-         * which keeps the KL pass in AVX2's 16 registers (ref blocks are
-         * half as long, so a lane still sums at most 64 terms) */
-        if (ref) LM_HALF(zb, rb, s0, t0, rs0, c0);
-        else LM_HALF(zb, rb, s1, t1, rs1, c1);
+        LM_HALF(za, ra);
+        LM_HALF(zb, rb);
     }
 #undef LM_HALF
-    out->s = LM_FN(hsum_)(v_add(s0, s1));
-    out->rs = ref ? LM_FN(hsum_)(v_add(rs0, rs1)) : 0.0;
-    /* the lanes' d used ms = MS rounded to LANE_T: move t and c to MS */
-    out->t = ent ? LM_FN(hsum_)(v_add(t0, t1)) + ((double)ms - MS) * out->s : 0.0;
-    out->c = ref ? LM_FN(hsum_)(v_add(c0, c1)) + (((double)rms - RMS) - ((double)ms - MS)) * out->rs : 0.0;
+    out->s = LM_FN(hsum_)(s);
+    out->rs = ref ? LM_FN(hsum_)(rs) : 0.0;
+    /* the lanes' d used ms, rms: move t and c to the shifts */
+    out->t = ent ? LM_FN(hsum_)(t) + ((double)ms - MS) * out->s : 0.0;
+    out->c = ref ? LM_FN(hsum_)(c) + (((double)rms - RMS) - ((double)ms - MS)) * out->rs : 0.0;
     out->zmax = LM_FN(hmax_)(mx);
     out->rmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
     /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
@@ -258,7 +263,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int capped, float cap, const void *next,
                                 lm_state *st) {
     const VF vc = v_set1(capped ? cap : 1.0f), vic = v_set1(capped ? 1.0f / cap : 1.0f);
-    const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* see LM_ADD2 */
+    const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
     const int64_t pfe = LM_PREFETCH_BYTES / (int64_t)sizeof(LM_ELEM);
@@ -284,12 +289,15 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             len = LM_BLK_LEN(k);                                               \
         } else { zp = tz; rp = tr; len = LM_STEP; }                            \
     } while (0)
-/* a side's shift must rise when its block max passes it; the block is done
- * again when it passes by more than LM_HEAD, or when the side had no shift */
-#define LM_REDO(bm, sh) ((bm) > -INFINITY && ((sh) == -INFINITY || (bm) > (sh) + LM_HEAD))
+/* a side's shift rises when its block max passes it; the block is done
+ * again when the max passes the max before it by more than LM_HEAD (a
+ * side with no max yet: any finite max) */
+#define LM_REDO(bm, mx) ((bm) > (mx) + LM_HEAD)
 /* the shift a block is computed against: 0 while a side has none (its
  * sums are then dropped; the pass still looks for NaN) */
 #define LM_EFF(sh) ((sh) == -INFINITY ? 0.0 : (sh))
+/* the lane value d = z - ref is formed against: the max so far */
+#define LM_REF(mx, sh) ((LANE_T)((mx) == -INFINITY ? LM_EFF(sh) : (mx)))
 #define LM_TAKE()                                                              \
     do {                                                                       \
         if (MS != -INFINITY) { S += acc.s; T += acc.t; }                       \
@@ -310,16 +318,19 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         if (k == 0) { /* a first look at the maxima: the first shifts */
             bm = LM_FN(max_)(zp, len, capped, vc, vic);
             brm = ref ? LM_FN(max_)(rp, len, capped, vc, vic) : (LANE_T)-INFINITY;
-            if (bm > -INFINITY) MS = LM_FN(shift_of_)(bm);
-            if (brm > -INFINITY) RMS = LM_FN(shift_of_)(brm);
+            if (bm > -INFINITY) { MS = LM_FN(shift_of_)(bm); M = bm; kz = 0; }
+            if (brm > -INFINITY) { RMS = LM_FN(shift_of_)(brm); RM = brm; kr = 0; }
             if (bm == INFINITY || brm == INFINITY || isnan(MS) || isnan(RMS)) { st->slow = 1; return; }
         }
-        LM_FN(block_)(zp, rp, len, pf, LM_EFF(MS), LM_EFF(RMS), ent, ref, capped, vc, vic, &acc);
+        LM_FN(block_)(zp, rp, len, pf, LM_EFF(MS), LM_EFF(RMS), LM_REF(M, MS), LM_REF(RM, RMS),
+                      ent, ref, capped, vc, vic, &acc);
         bm = acc.zmax;
         brm = acc.rmax;
         if (bm == INFINITY || brm == INFINITY) { st->slow = 1; return; }
-        redo = LM_REDO(bm, MS) || (ref && LM_REDO(brm, RMS));
+        redo = LM_REDO(bm, M) || (ref && LM_REDO(brm, RM));
         if (!redo) LM_TAKE();
+        if (bm > M) { M = bm; kz = k; }
+        if (ref && brm > RM) { RM = brm; kr = k; }
         if (bm > MS) {
             double sh = LM_FN(shift_of_)(bm);
             if (isnan(sh)) { st->slow = 1; return; }
@@ -330,14 +341,12 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             if (isnan(sh)) { st->slow = 1; return; }
             LM_FN(raise_)(&RMS, &RS, &C, 0.0, NULL, sh);
         }
-        if (redo) { /* again, from L1, against the new shifts */
+        if (redo) { /* again, from L1, against the new shifts and maxima */
             LM_FN(block_)(zp, rp, len, (const char *)zp, LM_EFF(MS), LM_EFF(RMS),
-                          ent, ref, capped, vc, vic, &acc);
+                          LM_REF(M, MS), LM_REF(RM, RMS), ent, ref, capped, vc, vic, &acc);
             LM_TAKE();
         }
         st->nan_found |= acc.nan;
-        if (bm > M) { M = bm; kz = k; }
-        if (ref && brm > RM) { RM = brm; kr = k; }
     }
     /* The maxima rise only at blocks whose max exceeds all before: the
      * first argmax lies in the block of the last rise. */
@@ -350,6 +359,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #undef LM_FIND_IN
 #undef LM_REDO
 #undef LM_EFF
+#undef LM_REF
 #undef LM_TAKE
 #undef LM_BLOCK_AT
 #undef LM_BLK_LEN

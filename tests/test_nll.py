@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from conftest import BF16, DTYPES, random_logits, ref_nll
+from conftest import BF16, DTYPES, random_logits, ref_entropy, ref_nll
 
 VOCABS = [1, 2, 15, 16, 17, 33, 50257]
 
@@ -46,7 +46,58 @@ def test_float32_large_vocab_accuracy(isa):
     err = np.abs(lmmetrics.token_nll(z, t).astype(np.float64) - ref_nll(z, t)).max()
     assert err < 2e-6
     total = lmmetrics.cross_entropy(z, t, reduction="sum")
-    assert abs(total - ref_nll(z, t).sum()) <= 1e-6 * abs(total)
+    assert abs(total - ref_nll(z, t).sum()) <= 1e-8 * abs(total)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_maxima_rising_far_past_the_first_block(isa, dtype):
+    # the first block's max sets the kernel's shift; a later block 40 or 80
+    # above it is done again against a higher shift, and a block below
+    # every earlier one changes nothing
+    rng = np.random.default_rng(11)
+    V = 9000
+    z = random_logits(rng, (5, V), dtype)
+    z[0, 5000] = 40
+    z[1, 3000:3100] = 80
+    z[2, :2000] = -np.inf  # no shift at all before a finite block
+    z[3, 1:] -= 200
+    z[4, 4000] = 41
+    z[4, 8500] = 90
+    t = np.array([5000, 3050, 2500, 0, 8500])
+    np.testing.assert_allclose(lmmetrics.token_nll(z, t).astype(np.float64), ref_nll(z, t), **_tol(dtype))
+    tol = 2e-6 if dtype != np.float64 else 1e-12
+    np.testing.assert_allclose(lmmetrics.token_entropy(z).astype(np.float64), ref_entropy(z), atol=tol)
+    expected = (np.asarray(z).astype(np.float64).argmax(-1) == t).mean()  # rows 0, 3, 4
+    assert lmmetrics.evaluate(z, t).accuracy == pytest.approx(expected) == 0.6
+
+
+@pytest.mark.parametrize("scale", [1e6, -1e6, 3e38])
+def test_maxima_beyond_the_fast_range_take_the_exact_path(isa, scale):
+    z = np.array([[1.0, 0.0, -2.0, 0.5] * 50] * 2, np.float32)
+    z[0] += np.float32(scale) if abs(scale) < 1e38 else 0
+    if abs(scale) >= 1e38:
+        z[1, 3] = scale  # one huge entry: all mass there
+    t = np.array([0, 3])
+    got = lmmetrics.token_nll(z, t).astype(np.float64)
+    np.testing.assert_allclose(got, ref_nll(z, t), atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nll_entropy_and_kl_are_never_negative(isa, dtype):
+    # a near-certain target: the NLL is ~1e-13 and must not come out below
+    # 0; a one-hot row's entropy is 0; a row against itself has KL 0
+    rng = np.random.default_rng(12)
+    z = random_logits(rng, (40, 300), dtype, scale=1.0)
+    t = rng.integers(0, 300, 40)
+    z[np.arange(40), t] = (rng.uniform(25, 35, 40)).astype(dtype)
+    nll = lmmetrics.token_nll(z, t)
+    assert (nll >= 0).all()
+    np.testing.assert_allclose(nll.astype(np.float64), ref_nll(z, t), **_tol(dtype))
+    onehot = np.full((3, 70), -np.inf, dtype)
+    onehot[:, 5] = np.array([-7.3, 0.0, 11.1]).astype(dtype)
+    np.testing.assert_allclose(lmmetrics.token_entropy(onehot), 0, atol=1e-12)
+    assert (lmmetrics.token_nll(onehot, np.array([5, 5, 5])) == 0).all()
+    assert (lmmetrics.token_kl(z, z) == 0).all()
 
 
 def test_three_d_and_shifted_views(isa):
