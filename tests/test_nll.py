@@ -205,6 +205,20 @@ def test_nan_is_an_error_naming_the_row(isa, dtype):
         lmmetrics.token_nll(z, np.array([0]))
 
 
+@pytest.mark.parametrize("bits", [0x7FC00123, 0xFF800001, 0xFFC00000, 0x7F8001FF])
+def test_nan_with_any_payload_or_sign_is_found(isa, bits):
+    # the sums carry NaN through the exp: whatever its sign and payload bits
+    z = np.zeros((2, 3000), np.float32)
+    z.view(np.uint32)[1, 2500] = bits
+    with pytest.raises(ValueError, match="NaN in logits at row 1"):
+        lmmetrics.token_nll(z, np.array([0, 0]))
+    if BF16:
+        h = np.zeros((2, 3000), BF16)
+        h.view(np.uint16)[1, 2501] = bits >> 16 | 0x40  # a bfloat16 NaN of that sign
+        with pytest.raises(ValueError, match="NaN in logits at row 1"):
+            lmmetrics.token_nll(h, np.array([0, 0]))
+
+
 def test_all_neg_inf_row_is_an_error(isa):
     z = np.zeros((3, 20), np.float32)
     z[1] = -np.inf
