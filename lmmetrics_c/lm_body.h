@@ -298,6 +298,16 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #define LM_EFF(sh) ((sh) == -INFINITY ? 0.0 : (sh))
 /* the lane value d = z - ref is formed against: the max so far */
 #define LM_REF(mx, sh) ((LANE_T)((mx) == -INFINITY ? LM_EFF(sh) : (mx)))
+/* raise a side's shift sh to cover its block max bm (raise_'s other
+ * arguments follow); beyond the exp's range the row takes the exact path */
+#define LM_LIFT(bm, sh, ...)                                                   \
+    do {                                                                       \
+        if ((bm) > (sh)) {                                                     \
+            double to_ = LM_FN(shift_of_)(bm);                                 \
+            if (isnan(to_)) { st->slow = 1; return; }                          \
+            LM_FN(raise_)(&(sh), __VA_ARGS__, to_);                            \
+        }                                                                      \
+    } while (0)
 #define LM_TAKE()                                                              \
     do {                                                                       \
         if (MS != -INFINITY) { S += acc.s; T += acc.t; }                       \
@@ -331,16 +341,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         if (!redo) LM_TAKE();
         if (bm > M) { M = bm; kz = k; }
         if (ref && brm > RM) { RM = brm; kr = k; }
-        if (bm > MS) {
-            double sh = LM_FN(shift_of_)(bm);
-            if (isnan(sh)) { st->slow = 1; return; }
-            LM_FN(raise_)(&MS, &S, ent ? &T : NULL, RS, ref ? &C : NULL, sh);
-        }
-        if (ref && brm > RMS) {
-            double sh = LM_FN(shift_of_)(brm);
-            if (isnan(sh)) { st->slow = 1; return; }
-            LM_FN(raise_)(&RMS, &RS, &C, 0.0, NULL, sh);
-        }
+        LM_LIFT(bm, MS, &S, ent ? &T : NULL, RS, ref ? &C : NULL);
+        if (ref) LM_LIFT(brm, RMS, &RS, &C, 0.0, NULL);
         if (redo) { /* again, from L1, against the new shifts and maxima */
             LM_FN(block_)(zp, rp, len, (const char *)zp, LM_EFF(MS), LM_EFF(RMS),
                           LM_REF(M, MS), LM_REF(RM, RMS), ent, ref, capped, vc, vic, &acc);
@@ -361,6 +363,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #undef LM_EFF
 #undef LM_REF
 #undef LM_TAKE
+#undef LM_LIFT
 #undef LM_BLOCK_AT
 #undef LM_BLK_LEN
 #ifndef LM_LIBM_EXP
