@@ -93,16 +93,20 @@ int lm_max_threads(void) {
 #endif
 }
 
-static lm_segment_fn lm_kernel_for(int isa, int dtype) {
-    lm_segment_fn fn = NULL;
+static const lm_unit *lm_unit_for(int isa) {
 #ifdef LM_HAVE_AVX512
-    if (isa == LM_ISA_AVX512) fn = lm_kernels_avx512[dtype];
+    if (isa == LM_ISA_AVX512) return &lm_unit_avx512;
 #endif
 #ifdef LM_HAVE_AVX2
-    if (isa == LM_ISA_AVX2) fn = lm_kernels_avx2[dtype];
+    if (isa == LM_ISA_AVX2) return &lm_unit_avx2;
 #endif
     (void)isa;
-    return fn ? fn : lm_kernels_scalar[dtype];
+    return &lm_unit_scalar;
+}
+
+static lm_segment_fn lm_kernel_for(int isa, int dtype) {
+    lm_segment_fn fn = lm_unit_for(isa)->kernels[dtype];
+    return fn ? fn : lm_unit_scalar.kernels[dtype];
 }
 
 /* A read-only pass over a buffer (the speed limit the benchmarks compare
@@ -112,18 +116,12 @@ uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads) {
     const int64_t chunk = 16384; /* floats */
     const int64_t nchunks = nbytes / 4 / chunk;
     const unsigned char *tail = (const unsigned char *)p + nchunks * chunk * 4;
-    lm_read_fn fn = lm_read_scalar;
+    lm_read_fn fn = lm_unit_for(lm_isa_active())->read;
     float m = -INFINITY;
     uint64_t acc = 0;
     uint32_t bits;
     int nt = num_threads > 0 ? num_threads : lm_max_threads();
     (void)nt;
-#ifdef LM_HAVE_AVX512
-    if (lm_isa_active() == LM_ISA_AVX512) fn = lm_read_avx512;
-#endif
-#ifdef LM_HAVE_AVX2
-    if (lm_isa_active() == LM_ISA_AVX2) fn = lm_read_avx2;
-#endif
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(max : m)
 #endif

@@ -82,18 +82,20 @@ static inline size_t lm_elsize(int dtype) {
  * kernels' own max loop, for the benchmarks' speed limit. */
 typedef float (*lm_read_fn)(const float *p, int64_t n);
 
-/* Each ISA unit exports a table of segment kernels indexed by dtype
- * (NULL where the unit has none; f64 always runs the scalar unit) and its
- * read pass. */
-extern const lm_segment_fn lm_kernels_scalar[LM_NDTYPES];
-extern const lm_read_fn lm_read_scalar;
+/* What each ISA unit exports: its segment kernels indexed by dtype (NULL
+ * where the unit has none; f64 always runs the scalar unit) and its read
+ * pass. */
+typedef struct {
+    lm_segment_fn kernels[LM_NDTYPES];
+    lm_read_fn read;
+} lm_unit;
+
+extern const lm_unit lm_unit_scalar;
 #ifdef LM_HAVE_AVX2
-extern const lm_segment_fn lm_kernels_avx2[LM_NDTYPES];
-extern const lm_read_fn lm_read_avx2;
+extern const lm_unit lm_unit_avx2;
 #endif
 #ifdef LM_HAVE_AVX512
-extern const lm_segment_fn lm_kernels_avx512[LM_NDTYPES];
-extern const lm_read_fn lm_read_avx512;
+extern const lm_unit lm_unit_avx512;
 #endif
 
 #endif

@@ -3,6 +3,6 @@
 #include "lm_simd_avx512.h"
 #include "lm_instantiate.h"
 
-const lm_segment_fn lm_kernels_avx512[LM_NDTYPES] = {
-    [LM_F32] = segment_avx512_f32, [LM_F16] = segment_avx512_f16, [LM_BF16] = segment_avx512_bf16};
-const lm_read_fn lm_read_avx512 = read_avx512_f32;
+const lm_unit lm_unit_avx512 = {
+    {[LM_F32] = segment_avx512_f32, [LM_F16] = segment_avx512_f16, [LM_BF16] = segment_avx512_bf16},
+    read_avx512_f32};

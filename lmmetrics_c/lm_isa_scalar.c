@@ -17,7 +17,7 @@
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f64)
 #include "lm_body.h"
 
-const lm_segment_fn lm_kernels_scalar[LM_NDTYPES] = {
-    [LM_F32] = segment_scalar_f32, [LM_F64] = segment_scalar_f64,
-    [LM_F16] = segment_scalar_f16, [LM_BF16] = segment_scalar_bf16};
-const lm_read_fn lm_read_scalar = read_scalar_f32;
+const lm_unit lm_unit_scalar = {
+    {[LM_F32] = segment_scalar_f32, [LM_F64] = segment_scalar_f64,
+     [LM_F16] = segment_scalar_f16, [LM_BF16] = segment_scalar_bf16},
+    read_scalar_f32};
