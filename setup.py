@@ -23,7 +23,7 @@ BASE_FLAGS = ["-O3", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-
 OPENMP_FLAGS = ["-fopenmp"]
 ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
 }
 IS_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386", "x86")
 
@@ -48,7 +48,8 @@ PROBE_ISA = {
     "avx2": "#include <immintrin.h>\nint main(void){__m256 x=_mm256_fmadd_ps(_mm256_set1_ps(1),"
             "_mm256_set1_ps(2),_mm256_cvtph_ps(_mm_setzero_si128()));return (int)_mm256_cvtss_f32(x);}\n",
     "avx512": "#include <immintrin.h>\nint main(void){__m512 x=_mm512_scalef_ps(_mm512_set1_ps(1),"
-              "_mm512_set1_ps(2));return (int)_mm512_reduce_add_ps(x);}\n",
+              "_mm512_set1_ps(2));__m512i m=_mm512_max_epi16(_mm512_set1_epi16(1),_mm512_set1_epi16(2));"
+              "return (int)_mm512_reduce_add_ps(x)+_mm512_reduce_max_epi32(m);}\n",
 }
 
 

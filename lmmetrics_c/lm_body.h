@@ -17,8 +17,11 @@
  * before it by more than LM_HEAD is done again, from L1, against its own;
  * with real and random logits that is a block or two a row. The exp
  * folds the shift into its range reduction (expq_), so a term costs a
- * clamp, two fused multiply-adds and a subtraction, a cubic, a table
- * lookup and the fused add into the sum. Float lane accumulators are
+ * clamp, two fused multiply-adds and a subtraction, a polynomial (a cubic
+ * with AVX2's 4-entry table, a quadratic with the 32-entry table of
+ * AVX-512 and the portable path), a table lookup and the fused add into
+ * the sum. 16-bit blocks take their max on the raw bits where the ISA has
+ * a 16-bit integer max that pays (AVX-512BW). Float lane accumulators are
  * flushed to double once per block.
  */
 
@@ -33,6 +36,8 @@
 #define LM_CAT(a, b) LM_CAT_(a, b)
 #define LM_INLINE static inline __attribute__((always_inline))
 #endif
+
+#define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
 
 #ifdef LM_LIBM_EXP
 #define LM_EXP_LO (-746.0)
@@ -70,33 +75,39 @@ LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
 }
 /* The sums' exp: e^(z - K ln2f) = p * sc, ln2f = ln 2 rounded to float,
  * for z in [shift + LM_EXP_LO, shift + LM_HEAD], shift = K ln2f, with no
- * subtraction of the shift. c1 = MAGIC - 4K, so that t = 4 z / ln2 + c1
- * holds N - 4K in its low bits, N = round(4 z / ln2); then
- * z - K ln2f = r + (N - 4K) ln2f / 4 with r = z - N ln2f / 4 (one fused
- * rounding, |r| <= ln2 / 8): e^r by a cubic (3e-7 relative), and
- * sc = 2^((N - 4K) / 4) from a 4-entry table and the exponent field
- * (v_pow2q). ln2f's error, (N - 4K) * 1.9e-9 / 4 relative, is nil near
- * the maximum, where the terms that count are. NaN in z gives a NaN p. */
+ * subtraction of the shift. With Q = 2^LM_QBITS table entries (the ISA's
+ * choice) and c1 = MAGIC - QK, t = Q z / ln2 + c1 holds N - QK in its low
+ * bits, N = round(Q z / ln2); then z - K ln2f = r + (N - QK) ln2f / Q with
+ * r = z - N ln2f / Q (one fused rounding, |r| <= ln2 / 2Q): e^r by a
+ * polynomial, and sc = 2^((N - QK) / Q) from the table and the exponent
+ * field (v_pow2q). Q = 4: a cubic (3e-7 relative); Q = 32: a quadratic
+ * (5e-8). ln2f's error, (N - QK) * 1.9e-9 / Q relative, is nil near the
+ * maximum, where the terms that count are. NaN in z gives a NaN p. */
+#define LM_Q (1 << LM_QBITS)
 LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) {
-    VF t = v_fma(z, v_set1(5.770780163555854f), c1); /* 4 / ln 2 */
-    VF r = v_fma(v_sub(t, c1), v_set1(-0.17328679561614990234375f), z); /* ln2f / 4, exact */
+    VF t = v_fma(z, v_set1(LM_Q * 1.44269504088896341f), c1); /* Q / ln 2 */
+    VF r = v_fma(v_sub(t, c1), v_set1(-LM_LN2F / LM_Q), z);    /* ln2f / Q, exact */
     (void)sh;
     *sc = v_pow2q(t);
+#if LM_QBITS >= 5
+    return v_fma(v_fma(v_set1(0.4999963045120239f), r, v_set1(1.0000146627426147f)), r,
+                 v_set1(1.0f));
+#else
     return v_fma(v_fma(v_fma(v_set1(0.16660411655902863f), r, v_set1(0.5003126263618469f)), r,
                        v_set1(1.0000005960464478f)),
                  r, v_set1(0.9999997019767761f));
+#endif
 }
 #endif
-#define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
 /* A block whose max passes the max before it (or the shift) by more than
  * this is done again against the new max and shift: terms then stay
  * below max + 1, within the exp's range, and the sums of e (z - max)
  * (entropy, KL) keep float accuracy, the terms that count having
  * z - max small. Every mode redoes the same blocks (same sums). */
 #define LM_HEAD 1.0
-/* |K| bound for c1 = MAGIC - 4K to stay exact: rows whose maxima pass
- * +-3.6e5 take the exact path. */
-#define LM_KMAX 524288.0
+/* |K| bound for c1 = MAGIC - QK to stay exact: rows whose maxima pass
+ * +-2^21 ln2 / Q (3.6e5 for Q = 4, 4.5e4 for Q = 32) take the exact path. */
+#define LM_KMAX (2097152.0 / LM_Q)
 
 #define LM_LOADC(p, a, b)                                                      \
     do {                                                                       \
@@ -152,6 +163,25 @@ LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, int cap
     return 0;
 }
 
+#if LM_RAW16 && defined(v_imax16)
+#define LM_RAWMAX 1
+/* A 16-bit block's max from the signed 16-bit max of its raw bits (one
+ * integer max a vector instead of a float max per half): exact when that
+ * is a number >= +0, sign-magnitude ordering like the integers there. A
+ * block of negative numbers only, or holding a positive NaN, takes the
+ * float max again, from L1. */
+LM_INLINE LANE_T LM_FN(rawmax_)(VI16 acc, const LM_ELEM *z, int64_t len) {
+    int16_t tmp[sizeof(VI16) / 2];
+    int m = -32768;
+    v_imax16_store(tmp, acc);
+    for (int k = 0; k < (int)(sizeof(VI16) / 2); k++) m = tmp[k] > m ? tmp[k] : m;
+    if (m >= 0 && m <= LM_ELEM_POSINF) return LM_ELEM_TO_FLOAT((uint16_t)m);
+    return LM_FN(max_)(z, len, 0, v_set1(1.0f), v_set1(1.0f));
+}
+#else
+#define LM_RAWMAX 0
+#endif
+
 /* What one block gives, in double: sums against the shifts (MS, RMS) it
  * was given, and its maxima. */
 typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan; } LM_FN(acc_);
@@ -173,12 +203,15 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
 #ifdef LM_LIBM_EXP
     const VF k1 = zero, rk1 = zero;
 #else /* see expq_ */
-    const VF k1 = v_set1(LM_MAGIC - (float)(4.0 * MS / LM_LN2F));
-    const VF rk1 = v_set1(LM_MAGIC - (float)(4.0 * RMS / LM_LN2F));
+    const VF k1 = v_set1(LM_MAGIC - (float)(LM_Q * MS / LM_LN2F));
+    const VF rk1 = v_set1(LM_MAGIC - (float)(LM_Q * RMS / LM_LN2F));
 #endif
     /* one accumulator per sum: the loop then fits AVX2's 16 registers */
     VF s = zero, t = zero, rs = zero, c = zero;
     VF mx = v_set1(-INFINITY), rmx = mx;
+#if LM_RAWMAX
+    VI16 imx = v_imax16_init(), rimx = imx;
+#endif
 
 /* One vector x (and the reference's y) into the sums: max, clamp (a NaN
  * survives it), e = p sc, s += p sc fused (the same in every mode). Each
@@ -186,13 +219,13 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
 #define LM_HALF(x, y)                                                          \
     do {                                                                       \
         VF xc_ = v_max(lo, x), sc_, p_;                                        \
-        mx = v_max(x, mx);                                                     \
+        if (!LM_RAWMAX || capped) mx = v_max(x, mx);                           \
         p_ = LM_FN(expq_)(xc_, k1, vsh, &sc_);                                 \
         s = v_fma(p_, sc_, s);                                                 \
         if (ent) t = v_fma(v_mul(p_, sc_), v_sub(xc_, vms), t);                \
         if (ref) {                                                             \
             VF yc_ = v_max(rlo, y), e_;                                        \
-            rmx = v_max(y, rmx);                                               \
+            if (!LM_RAWMAX || capped) rmx = v_max(y, rmx);                     \
             p_ = LM_FN(expq_)(yc_, rk1, vrsh, &sc_);                           \
             rs = v_fma(p_, sc_, rs);                                           \
             e_ = v_mul(p_, sc_);                                               \
@@ -205,6 +238,12 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         VF za, zb, ra = zero, rb = zero;
         LM_LOADC(z + j, za, zb);
         __builtin_prefetch(pf + j * (int64_t)sizeof(LM_ELEM), 0, 3);
+#if LM_RAWMAX
+        if (!capped) {
+            imx = v_imax16(imx, z + j);
+            if (ref) rimx = v_imax16(rimx, r + j);
+        }
+#endif
         if (ref) LM_LOADC(r + j, ra, rb);
         LM_HALF(za, ra);
         LM_HALF(zb, rb);
@@ -215,8 +254,16 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     /* the lanes' d used ms, rms: move t and c to the shifts */
     out->t = ent ? LM_FN(hsum_)(t) + ((double)ms - MS) * out->s : 0.0;
     out->c = ref ? LM_FN(hsum_)(c) + (((double)rms - RMS) - ((double)ms - MS)) * out->rs : 0.0;
-    out->zmax = LM_FN(hmax_)(mx);
-    out->rmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
+#if LM_RAWMAX
+    if (!capped) {
+        out->zmax = LM_FN(rawmax_)(imx, z, len);
+        out->rmax = ref ? LM_FN(rawmax_)(rimx, r, len) : (LANE_T)-INFINITY;
+    } else
+#endif
+    {
+        out->zmax = LM_FN(hmax_)(mx);
+        out->rmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
+    }
     /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
     out->nan = (isnan(out->s) ? 1 : 0) | (ref && isnan(out->rs) ? 2 : 0);
 }
@@ -225,7 +272,7 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
 /* exact / computed exp(m - ms), m a lane value, ms a shift */
 LM_INLINE double LM_FN(fix_)(double m, double ms) {
     LANE_T e[VW];
-    VF sc, p = LM_FN(expq_)(v_set1(m), v_set1(LM_MAGIC - (float)(4.0 * ms / LM_LN2F)), v_set1(ms), &sc);
+    VF sc, p = LM_FN(expq_)(v_set1(m), v_set1(LM_MAGIC - (float)(LM_Q * ms / LM_LN2F)), v_set1(ms), &sc);
     v_store(e, v_mul(p, sc));
     return exp(m - ms) / (double)e[0];
 }
@@ -412,5 +459,7 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 #undef LM_LOADC
 #undef LM_EXP_LO
 #undef LM_MAGIC
+#undef LM_Q
+#undef LM_RAWMAX
 #undef LM_STEP
 #undef LM_BLK

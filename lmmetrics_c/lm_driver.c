@@ -36,7 +36,7 @@ static int lm_cpu_avx512(void) {
     unsigned a, b, c, d;
     if (!lm_cpu_avx2() || !lm_xcr0_has(0xe6)) return 0; /* opmask, zmm */
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (b >> 16) & 1;
+    return ((b >> 16) & 1) && ((b >> 30) & 1); /* AVX-512F, AVX-512BW */
 }
 #endif
 

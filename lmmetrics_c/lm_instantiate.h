@@ -6,6 +6,7 @@
 
 #define LM_ELEM float
 #define LM_ELEM_NEGINF (-INFINITY)
+#define LM_RAW16 0
 #define LM_LOAD2 LM_LOAD2_F32
 #define LM_LANE_ELEM LM_LANE_F32
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f32)
@@ -21,6 +22,10 @@ static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
 
 #define LM_ELEM uint16_t
 #define LM_ELEM_NEGINF ((uint16_t)0xfc00u)
+#undef LM_RAW16
+#define LM_RAW16 1 /* 16-bit sign-magnitude: LM_ELEM_POSINF, LM_ELEM_TO_FLOAT */
+#define LM_ELEM_POSINF 0x7c00
+#define LM_ELEM_TO_FLOAT lm_f16_to_float
 #define LM_LOAD2 LM_LOAD2_F16
 #define LM_LANE_ELEM LM_LANE_F16
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f16)
@@ -30,7 +35,11 @@ static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
 #undef LM_LANE_ELEM
 #undef LM_FN
 
+#undef LM_ELEM_POSINF
+#undef LM_ELEM_TO_FLOAT
 #define LM_ELEM_NEGINF ((uint16_t)0xff80u)
+#define LM_ELEM_POSINF 0x7f80
+#define LM_ELEM_TO_FLOAT lm_bf16_to_float
 #define LM_LOAD2 LM_LOAD2_BF16
 #define LM_LANE_ELEM LM_LANE_BF16
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, bf16)
@@ -40,3 +49,6 @@ static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
 #undef LM_LOAD2
 #undef LM_LANE_ELEM
 #undef LM_FN
+#undef LM_RAW16
+#undef LM_ELEM_POSINF
+#undef LM_ELEM_TO_FLOAT

@@ -28,10 +28,24 @@ typedef struct {
     int slow, nan_found;
 } lm_state;
 
-/* The sums' exp: 2^(j/4), j = 0..3, as float bits less j << 21, so that
- * adding t << 21 (t holding 4n + j in its low bits) gives 2^(n + j/4). */
-#define LM_POW2Q_TABLE                                                         \
+/* The sums' exp takes 2^(j/Q), j < Q = 2^LM_QBITS (an ISA's choice), from
+ * a table of float bits less j << (23 - LM_QBITS), so that adding t's
+ * bits shifted by 23 - LM_QBITS (t holding Qn + j in its low bits) gives
+ * 2^(n + j/Q). Q = 4 (AVX2: one in-lane permute) or 32 (a two-register
+ * permute, or an array). */
+#define LM_POW2Q_TABLE4                                                        \
     0x3f800000, 0x3f9837f0 - (1 << 21), 0x3fb504f3 - (2 << 21), 0x3fd744fd - (3 << 21)
+#define LM_Q32(j, bits) ((int)((bits) - ((j) << 18)))
+#define LM_POW2Q_TABLE32_LO                                                    \
+    LM_Q32(0, 0x3f800000), LM_Q32(1, 0x3f82cd87), LM_Q32(2, 0x3f85aac3), LM_Q32(3, 0x3f88980f),\
+    LM_Q32(4, 0x3f8b95c2), LM_Q32(5, 0x3f8ea43a), LM_Q32(6, 0x3f91c3d3), LM_Q32(7, 0x3f94f4f0),\
+    LM_Q32(8, 0x3f9837f0), LM_Q32(9, 0x3f9b8d3a), LM_Q32(10, 0x3f9ef532), LM_Q32(11, 0x3fa27043),\
+    LM_Q32(12, 0x3fa5fed7), LM_Q32(13, 0x3fa9a15b), LM_Q32(14, 0x3fad583f), LM_Q32(15, 0x3fb123f6)
+#define LM_POW2Q_TABLE32_HI                                                    \
+    LM_Q32(16, 0x3fb504f3), LM_Q32(17, 0x3fb8fbaf), LM_Q32(18, 0x3fbd08a4), LM_Q32(19, 0x3fc12c4d),\
+    LM_Q32(20, 0x3fc5672a), LM_Q32(21, 0x3fc9b9be), LM_Q32(22, 0x3fce248c), LM_Q32(23, 0x3fd2a81e),\
+    LM_Q32(24, 0x3fd744fd), LM_Q32(25, 0x3fdbfbb8), LM_Q32(26, 0x3fe0ccdf), LM_Q32(27, 0x3fe5b907),\
+    LM_Q32(28, 0x3feac0c7), LM_Q32(29, 0x3fefe4ba), LM_Q32(30, 0x3ff5257d), LM_Q32(31, 0x3ffa83b3)
 
 enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
 

@@ -22,13 +22,14 @@ typedef float LANE_T;
 #define v_scale(p, t)                                                          \
     _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),               \
         _mm256_slli_epi32(_mm256_castps_si256(t), 23)))
-/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE) */
+/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE4) */
+#define LM_QBITS 2
 #define v_pow2q(t)                                                             \
     _mm256_castsi256_ps(_mm256_add_epi32(                                      \
         _mm256_castps_si256(_mm256_permutevar_ps(                              \
-            _mm256_castsi256_ps(_mm256_setr_epi32(LM_POW2Q_TABLE, LM_POW2Q_TABLE)), \
+            _mm256_castsi256_ps(_mm256_setr_epi32(LM_POW2Q_TABLE4, LM_POW2Q_TABLE4)), \
             _mm256_castps_si256(t))),                                          \
-        _mm256_slli_epi32(_mm256_castps_si256(t), 21)))
+        _mm256_slli_epi32(_mm256_castps_si256(t), 23 - LM_QBITS)))
 #define v_sel_n0(n, a, b)                                                      \
     _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
 /* nonzero when some lane of a equals the same lane of b */

@@ -1,4 +1,4 @@
-/* AVX-512F primitives for lm_body.h (16 float lanes). */
+/* AVX-512F + BW primitives for lm_body.h (16 float lanes). */
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx512
@@ -24,13 +24,23 @@ typedef float LANE_T;
 #define v_scale(p, t)                                                          \
     _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),               \
         _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
-/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE) */
+/* 2^(n + j/32) for t holding 32n + j in its low bits (see
+ * LM_POW2Q_TABLE32_LO): a two-register permute looks up all 32 entries */
+#define LM_QBITS 5
+#define LM_SETR16(...) _mm512_setr_epi32(__VA_ARGS__) /* expands the table first */
 #define v_pow2q(t)                                                             \
     _mm512_castsi512_ps(_mm512_add_epi32(                                      \
-        _mm512_castps_si512(_mm512_permutevar_ps(                              \
-            _mm512_castsi512_ps(_mm512_broadcast_i32x4(_mm_setr_epi32(LM_POW2Q_TABLE))), \
-            _mm512_castps_si512(t))),                                          \
-        _mm512_slli_epi32(_mm512_castps_si512(t), 21)))
+        _mm512_castps_si512(_mm512_permutex2var_ps(                            \
+            _mm512_castsi512_ps(LM_SETR16(LM_POW2Q_TABLE32_LO)),       \
+            _mm512_castps_si512(t),                                            \
+            _mm512_castsi512_ps(LM_SETR16(LM_POW2Q_TABLE32_HI)))),     \
+        _mm512_slli_epi32(_mm512_castps_si512(t), 23 - LM_QBITS)))
+/* 16-bit dtypes take a block's max on the raw bits (one signed 16-bit max
+ * per 32 elements; see LM_RAWMAX in lm_body.h) */
+typedef __m512i VI16;
+#define v_imax16_init() _mm512_set1_epi16(-32768)
+#define v_imax16(acc, p) _mm512_max_epi16(acc, _mm512_loadu_si512((const void *)(p)))
+#define v_imax16_store(p, v) _mm512_storeu_si512((void *)(p), v)
 #define v_sel_n0(n, a, b)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
 /* nonzero when some lane of a equals the same lane of b */

@@ -19,13 +19,13 @@
 
 #ifndef LM_SIMD_SCALAR_ONCE
 #define LM_SIMD_SCALAR_ONCE
-/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE),
- * by the same integer steps as the vector paths */
+/* 2^(n + j/32) for t holding 32n + j in its low bits (see
+ * LM_POW2Q_TABLE32_LO), by the same integer steps as the vector paths */
 static inline float lm_pow2q(float t) {
-    static const uint32_t tab[4] = {LM_POW2Q_TABLE};
+    static const int32_t tab[32] = {LM_POW2Q_TABLE32_LO, LM_POW2Q_TABLE32_HI};
     uint32_t u;
     memcpy(&u, &t, 4);
-    u = tab[u & 3u] + (u << 21);
+    u = (uint32_t)tab[u & 31u] + (u << 18);
     memcpy(&t, &u, 4);
     return t;
 }
@@ -47,6 +47,8 @@ static inline float lm_pow2q(float t) {
 #define v_abs(x) ((LANE_T)fabs(x))
 #define v_copysign(m, s) ((LANE_T)copysign(m, s))
 #define v_scale(p, t) ((t) == (t) ? (LANE_T)ldexp(p, (int)((t) - LM_MAGIC)) : (t))
+#undef LM_QBITS
+#define LM_QBITS 5
 #define v_pow2q(t) lm_pow2q(t)
 #define v_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
 #define v_any_eq(a, b) ((a) == (b))
