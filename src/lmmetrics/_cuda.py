@@ -2,9 +2,11 @@
 torch on the tensor's device, a bounded chunk of rows at a time.
 
 :func:`lmmetrics._engine.run` validates and allocates as for CPU input, then
-calls :func:`compute` here instead of the native core. Each chunk is cast to
-float32 (float64 stays float64) and reduced to per-row values; only those
-(8 bytes a row) come back to the host, where sums are taken in float64. The
+calls :func:`compute` here instead of the native core. Each chunk goes
+through one fused ``log_softmax`` into float32 (float64 stays float64) and
+is reduced to per-row values; only those (8 bytes a row) come back to the
+host, where sums are taken in float64. A chunk where a counted row's value
+is not finite is done again by the exact path (logsumexp per side). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
 NaN or an all -inf row among the counted rows is an error, +inf logits share
 the probability mass equally.
@@ -20,10 +22,16 @@ import numpy as np
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
 _chunk_bytes = _DEFAULT_CHUNK_BYTES
 
-# float32 temporaries of one row's length that one chunk row may hold at once
-_TEMPS_NLL = 3
+# float32 temporaries of one row's length that one chunk row may hold at
+# once on the fast path: log-probabilities (NLL); with p and p log p
+# (entropy); both sides' (KL); on top, a 16-bit side's float copy, and a
+# softcap's float copy and tanh. Few chunks matter: each costs a round
+# trip to the host.
+_TEMPS_NLL = 1
 _TEMPS_ROW = 5
 _TEMPS_REF = 9
+_TEMPS_CAST = 1
+_TEMPS_CAP = 2
 
 
 def set_cuda_chunk_bytes(nbytes: Optional[int] = None) -> int:
@@ -86,9 +94,8 @@ def _side(x, cap: float):
     +inf become 0 at the +inf entries and -inf elsewhere (equal shares)."""
     import torch
 
-    z = x if x.dtype == torch.float64 else x.float()
-    if cap:
-        z = torch.tanh(z / cap) * cap
+    z = _capped(x, cap)
+    z = z if z.dtype in (torch.float32, torch.float64) else z.float()
     lse = torch.logsumexp(z, 1)
     nan = torch.isnan(lse)
     posinf = lse == math.inf
@@ -106,8 +113,10 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, c
     from ._engine import row_error
 
     dev = lg.keep.device
-    temps = _TEMPS_REF if ref is not None else (
-        _TEMPS_ROW if out.entropy is not None or out.argmax is not None else _TEMPS_NLL)
+    temps = (_TEMPS_REF if ref is not None else
+             _TEMPS_ROW if out.entropy is not None or out.argmax is not None else _TEMPS_NLL)
+    sides = 1 if ref is None else 2
+    temps += sides * (_TEMPS_CAST if lg.dtype in ("float16", "bfloat16") else 0) + (_TEMPS_CAP if cap else 0)
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
     tgt_all = torch.from_numpy(out.targets).to(dev) if out.targets is not None else None
     counted_all = torch.from_numpy(out.counted).to(dev)
@@ -122,7 +131,95 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, c
         pos += zb.shape[0]
 
 
+def _log_probs(x, cap: float):
+    """log_softmax over rows in the compute dtype (float32; float64 stays
+    float64), one fused pass over 16-bit input; the capped logits first
+    where a softcap is asked for."""
+    import torch
+
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if cap:
+        x = torch.tanh(x.to(dt) / cap) * cap
+    return torch.log_softmax(x, 1, dtype=dt)
+
+
 def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
+    """One chunk of rows: the fast path from log-probabilities; a chunk where
+    a counted row's value is not finite (NaN, an all -inf row, +inf logits,
+    or a target at -inf) is done again by the exact path, which shares
+    +inf mass and names the bad row."""
+    import torch
+
+    safe = torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
+    logp = _log_probs(x, cap)
+    vals = {}
+    if out.nll is not None:
+        vals["nll"] = -logp.gather(1, safe)[:, 0].double()
+    if out.entropy is not None:
+        vals["entropy"] = _entropy(logp)
+    if r is not None:
+        rlogp = _log_probs(r, cap)
+        if out.ref_nll is not None:
+            vals["ref_nll"] = -rlogp.gather(1, safe)[:, 0].double()
+        if out.kl is not None:
+            vals["kl"] = _kl(rlogp, logp)
+        del rlogp
+    del logp
+    # rows the values certify: each side's logsumexp is finite when one of
+    # its values is (a row's NaN or +inf reaches all of them)
+    z_checked = "nll" in vals or "entropy" in vals
+    r_checked = r is None or "ref_nll" in vals or "kl" in vals
+    if vals and z_checked and r_checked:
+        host = {k: v.cpu().numpy() for k, v in vals.items()}
+        ok = np.ones(i1 - i0, dtype=bool)
+        for v in host.values():
+            ok &= np.isfinite(v)
+        cnt = out.counted[i0:i1]
+        if bool(ok[cnt].all()):
+            for k, v in host.items():
+                getattr(out, k)[i0:i1] = np.where(cnt, v, 0.0)
+            _argmaxes(x, r, counted, out, i0, i1, cap)
+            return
+    _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error)
+
+
+def _entropy(logp):
+    import torch
+
+    p = torch.exp(logp)
+    # masked entries: p = 0, log p = -inf; their term is 0
+    return -(p * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(1, dtype=torch.float64)
+
+
+def _kl(rlogp, logp):
+    import torch
+
+    pr = torch.exp(rlogp)
+    terms = pr * (rlogp - logp)
+    return torch.where(pr > 0, terms, 0.0).sum(1, dtype=torch.float64)
+
+
+def _argmaxes(x, r, counted, out, i0, i1, cap) -> None:
+    """argmax of the logits as given (capping keeps the order, and every
+    dtype converts to the compute dtype exactly): the first maximum."""
+    import torch
+
+    for name, side in (("argmax", x), ("ref_argmax", r)):
+        arr = getattr(out, name)
+        if arr is not None and side is not None:
+            arr[i0:i1] = torch.where(counted, torch.argmax(_capped(side, cap), 1), -1).cpu().numpy()
+
+
+def _capped(x, cap: float):
+    import torch
+
+    if not cap:
+        return x
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.tanh(x.to(dt) / cap) * cap
+
+
+def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
     import torch
 
     z, lse, nan, empty = _side(x, cap)
@@ -147,9 +244,7 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
     if out.entropy is not None or out.kl is not None:
         logp = z - lse[:, None]
         if out.entropy is not None:
-            p = torch.exp(logp)
-            put("entropy", -(p * logp.clamp(min=torch.finfo(z.dtype).min)).sum(1, dtype=torch.float64), 0.0)
-            del p
+            put("entropy", _entropy(logp), 0.0)
     if out.argmax is not None:
         put("argmax", torch.argmax(z, 1), -1)
     if r is None:
@@ -159,7 +254,4 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
     if out.ref_argmax is not None:
         put("ref_argmax", torch.argmax(rz, 1), -1)
     if out.kl is not None:
-        rlogp = rz - rlse[:, None]
-        pr = torch.exp(rlogp)
-        terms = pr * (rlogp - logp)
-        put("kl", torch.where(pr > 0, terms, 0.0).sum(1, dtype=torch.float64), 0.0)
+        put("kl", _kl(rz - rlse[:, None], logp), 0.0)
