@@ -1,4 +1,4 @@
-/* The AVX-512F kernels; built with -mavx512f only. */
+/* The AVX-512 kernels (F and BW); built with setup.py's avx512 flags only. */
 #include "lm_internal.h"
 #include "lm_simd_avx512.h"
 #include "lm_instantiate.h"
