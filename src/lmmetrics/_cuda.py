@@ -131,55 +131,48 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, c
         pos += zb.shape[0]
 
 
-def _log_probs(x, cap: float):
-    """log_softmax over rows in the compute dtype (float32; float64 stays
-    float64), one fused pass over 16-bit input; the capped logits first
-    where a softcap is asked for."""
-    import torch
-
-    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if cap:
-        x = torch.tanh(x.to(dt) / cap) * cap
-    return torch.log_softmax(x, 1, dtype=dt)
-
-
 def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
-    """One chunk of rows: the fast path from log-probabilities; a chunk where
-    a counted row's value is not finite (NaN, an all -inf row, +inf logits,
-    or a target at -inf) is done again by the exact path, which shares
-    +inf mass and names the bad row."""
+    """One chunk of rows: the fast path from log-probabilities (one fused
+    log_softmax a side); a chunk where a counted row's value is not finite
+    (NaN, an all -inf row, +inf logits, or a target at -inf) is done again
+    by the exact path, which shares +inf mass and names the bad row. The
+    values certify a side's rows when one of them is that side's NLL,
+    entropy or KL (a row's NaN or +inf reaches all of them); argmax alone
+    certifies nothing and takes the exact path."""
     import torch
 
+    if not ((out.nll is not None or out.entropy is not None)
+            and (r is None or out.ref_nll is not None or out.kl is not None)):
+        _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error)
+        return
     safe = torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
-    logp = _log_probs(x, cap)
+    z = _capped(x, cap)
+    logp = torch.log_softmax(z, 1, dtype=_compute_dtype(x))
     vals = {}
     if out.nll is not None:
         vals["nll"] = -logp.gather(1, safe)[:, 0].double()
     if out.entropy is not None:
         vals["entropy"] = _entropy(logp)
+    if out.argmax is not None:
+        vals["argmax"] = torch.argmax(z, 1)
+    del z
     if r is not None:
-        rlogp = _log_probs(r, cap)
+        rz = _capped(r, cap)
+        rlogp = torch.log_softmax(rz, 1, dtype=_compute_dtype(r))
         if out.ref_nll is not None:
             vals["ref_nll"] = -rlogp.gather(1, safe)[:, 0].double()
         if out.kl is not None:
             vals["kl"] = _kl(rlogp, logp)
-        del rlogp
+        if out.ref_argmax is not None:
+            vals["ref_argmax"] = torch.argmax(rz, 1)
+        del rz, rlogp
     del logp
-    # rows the values certify: each side's logsumexp is finite when one of
-    # its values is (a row's NaN or +inf reaches all of them)
-    z_checked = "nll" in vals or "entropy" in vals
-    r_checked = r is None or "ref_nll" in vals or "kl" in vals
-    if vals and z_checked and r_checked:
-        host = {k: v.cpu().numpy() for k, v in vals.items()}
-        ok = np.ones(i1 - i0, dtype=bool)
-        for v in host.values():
-            ok &= np.isfinite(v)
-        cnt = out.counted[i0:i1]
-        if bool(ok[cnt].all()):
-            for k, v in host.items():
-                getattr(out, k)[i0:i1] = np.where(cnt, v, 0.0)
-            _argmaxes(x, r, counted, out, i0, i1, cap)
-            return
+    host = {k: v.cpu().numpy() for k, v in vals.items()}
+    cnt = out.counted[i0:i1]
+    if all(np.isfinite(v[cnt]).all() for k, v in host.items() if "argmax" not in k):
+        for k, v in host.items():
+            getattr(out, k)[i0:i1] = np.where(cnt, v, -1 if "argmax" in k else 0.0)
+        return
     _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error)
 
 
@@ -199,24 +192,19 @@ def _kl(rlogp, logp):
     return torch.where(pr > 0, terms, 0.0).sum(1, dtype=torch.float64)
 
 
-def _argmaxes(x, r, counted, out, i0, i1, cap) -> None:
-    """argmax of the logits as given (capping keeps the order, and every
-    dtype converts to the compute dtype exactly): the first maximum."""
+def _compute_dtype(x):
+    """float32 for every logits dtype but float64 (exact conversions)."""
     import torch
 
-    for name, side in (("argmax", x), ("ref_argmax", r)):
-        arr = getattr(out, name)
-        if arr is not None and side is not None:
-            arr[i0:i1] = torch.where(counted, torch.argmax(_capped(side, cap), 1), -1).cpu().numpy()
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _capped(x, cap: float):
+    """The softcapped logits c tanh(x / c) in the compute dtype, or x as given
+    (capping keeps the order: the argmax is taken on these)."""
     import torch
 
-    if not cap:
-        return x
-    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return torch.tanh(x.to(dt) / cap) * cap
+    return torch.tanh(x.to(_compute_dtype(x)) / cap) * cap if cap else x
 
 
 def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
