@@ -177,11 +177,11 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
 
 
 def _entropy(logp):
+    """-sum p log p a row: entr(p) = -p ln p is 0 at p = 0 (masked entries)
+    and NaN at NaN; ln of the rounded p costs 6e-8 at most."""
     import torch
 
-    p = torch.exp(logp)
-    # masked entries: p = 0, log p = -inf; their term is 0
-    return -(p * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(1, dtype=torch.float64)
+    return torch.special.entr(torch.exp(logp)).sum(1, dtype=torch.float64)
 
 
 def _kl(rlogp, logp):
