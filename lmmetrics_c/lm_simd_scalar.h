@@ -39,8 +39,13 @@ static inline float lm_pow2q(float t) {
 #define v_sub(a, b) ((a) - (b))
 #define v_mul(a, b) ((a) * (b))
 #define v_div(a, b) ((a) / (b))
-/* fused, as the vector paths' (the sums' exp relies on one rounding) */
-#define v_fma(a, b, c) ((LANE_T)fma((double)(a), (double)(b), (double)(c)))
+/* fused in the lane's own type, as the vector paths' (the sums' exp
+ * relies on one rounding; fma in double, then to float, rounds twice) */
+#ifdef LM_LIBM_EXP
+#define v_fma(a, b, c) fma(a, b, c)
+#else
+#define v_fma(a, b, c) fmaf(a, b, c)
+#endif
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define v_max(a, b) ((a) > (b) ? (a) : (b))
 #define v_store(p, v) (*(p) = (v))
