@@ -1,12 +1,26 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Binding to the native core: turns checked Python arguments into one
-lm_job and runs it with the GIL released. All validation happens in the
-Python package before this is called; pointers arrive as integers."""
+lm_job and runs it with the GIL released. The Python package validates
+everything first; here Cython checks the targets and outputs (typed
+memoryviews: dtype, contiguity, length) and holds them for the call. The
+logits arrive as (address, row stride, outer stride): their owner is kept
+alive by the caller."""
 
-from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 cdef extern from "lm_kernel.h" nogil:
+    cpdef enum lm_status:
+        LM_OK
+        LM_ERR_NAN
+        LM_ERR_NAN_REF
+        LM_ERR_EMPTY
+        LM_ERR_EMPTY_REF
+        LM_ERR_ARGS
+        LM_ERR_NOMEM
+        LM_ERR_TARGET
+        LM_INTERRUPTED
+
     ctypedef struct lm_buffer:
         const void *base
         int64_t row_stride
@@ -29,6 +43,8 @@ cdef extern from "lm_kernel.h" nogil:
         double *nll_sum
         int64_t *n_counted
         int num_threads
+        int (*interrupted)(void *arg) noexcept nogil
+        void *interrupt_arg
 
     int lm_run(const lm_job *job, int64_t *bad_row)
     int lm_isa_supported(int isa)
@@ -57,59 +73,83 @@ ISAS = ("scalar", "avx2", "avx512")
 CFLAGS = LM_CFLAGS.decode()
 ISAS_BUILT = tuple(LM_ISAS_BUILT.decode().split())
 
-
-cdef void *_addr(object a, int writable) except? NULL:
-    """The first byte of a contiguous buffer (a numpy array), NULL for None.
-    The caller keeps the object alive while the address is used."""
-    cdef Py_buffer view
-    cdef void *p
-    if a is None:
-        return NULL
-    PyObject_GetBuffer(a, &view, PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0))
-    p = view.buf
-    PyBuffer_Release(&view)
-    return p
+import threading
 
 
-def run(int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner,
-        uintptr_t logits, int64_t row_stride, int64_t outer_stride,
-        uintptr_t ref, int64_t ref_row_stride, int64_t ref_outer_stride,
-        object targets, int64_t ignore_index, double softcap,
-        object nll, object entropy, object argmax,
-        object kl, object ref_argmax, object ref_nll, bint totals, int num_threads):
-    """Run one job; returns (status, first bad row, NLL sum, rows counted)
-    (the totals are 0 unless asked for). targets and the outputs are
-    contiguous int64 / float64 arrays of n_rows or None; the caller keeps
-    every buffer alive and correctly sized for the duration of the call."""
+cdef int _signalled(void *arg) noexcept nogil:
+    """Between chunks of a job run from the main thread: run Python's signal
+    handlers; an exception they raise (KeyboardInterrupt) stops the job and
+    is re-raised when it returns."""
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as e:
+            (<list>arg).append(e)
+            return 1
+    return 0
+
+
+cdef void _check_length(object name, Py_ssize_t got, int64_t want) except *:
+    if got != want:
+        raise ValueError(f"lmmetrics: {name} holds {got} values for {want} rows")
+
+
+def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple logits,
+        tuple reference=None, const int64_t[::1] targets=None, int64_t ignore_index=-100,
+        double softcap=0.0, double[::1] nll=None, double[::1] entropy=None,
+        int64_t[::1] argmax=None, double[::1] kl=None, int64_t[::1] ref_argmax=None,
+        double[::1] ref_nll=None, int num_threads=0):
+    """Run one job; returns (status, first bad row, NLL sum, rows counted):
+    status is an lm_status, the totals 0 unless targets (and nll) are given.
+    ``logits`` and ``reference`` are (address, row_stride, outer_stride) in
+    elements; the caller keeps their memory alive. Targets and outputs are
+    int64 / float64 of n_rows (or None). A KeyboardInterrupt (or another
+    exception from a signal handler) during a call from the main thread
+    stops it within milliseconds and is raised here."""
     cdef lm_job job
     cdef int64_t bad = -1, n_counted = 0
     cdef double nll_sum = 0.0
     cdef int status
+    cdef list raised = []
+    for name, view in (("targets", targets), ("nll", nll), ("entropy", entropy), ("argmax", argmax),
+                       ("kl", kl), ("ref_argmax", ref_argmax), ("ref_nll", ref_nll)):
+        if view is not None:
+            _check_length(name, len(view), n_rows)
     job.dtype = dtype
     job.n_rows = n_rows
     job.n_cols = n_cols
     job.rows_inner = rows_inner
-    job.logits.base = <const void *>logits
-    job.logits.row_stride = row_stride
-    job.logits.outer_stride = outer_stride
-    job.ref.base = <const void *>ref
-    job.ref.row_stride = ref_row_stride
-    job.ref.outer_stride = ref_outer_stride
-    job.targets = <const int64_t *>_addr(targets, 0)
+    job.logits.base = <const void *><uintptr_t>logits[0]
+    job.logits.row_stride = logits[1]
+    job.logits.outer_stride = logits[2]
+    if reference is None:
+        job.ref.base = NULL
+        job.ref.row_stride = job.ref.outer_stride = 0
+    else:
+        job.ref.base = <const void *><uintptr_t>reference[0]
+        job.ref.row_stride = reference[1]
+        job.ref.outer_stride = reference[2]
+    job.targets = &targets[0] if targets is not None and n_rows else NULL
     job.ignore_index = ignore_index
     job.softcap = softcap
-    job.nll = <double *>_addr(nll, 1)
-    job.entropy = <double *>_addr(entropy, 1)
-    job.argmax = <int64_t *>_addr(argmax, 1)
-    job.kl = <double *>_addr(kl, 1)
-    job.ref_argmax = <int64_t *>_addr(ref_argmax, 1)
-    job.ref_nll = <double *>_addr(ref_nll, 1)
-    job.nll_sum = &nll_sum if totals and nll is not None else NULL
-    job.n_counted = &n_counted if totals and targets is not None else NULL
+    job.nll = &nll[0] if nll is not None and n_rows else NULL
+    job.entropy = &entropy[0] if entropy is not None and n_rows else NULL
+    job.argmax = &argmax[0] if argmax is not None and n_rows else NULL
+    job.kl = &kl[0] if kl is not None and n_rows else NULL
+    job.ref_argmax = &ref_argmax[0] if ref_argmax is not None and n_rows else NULL
+    job.ref_nll = &ref_nll[0] if ref_nll is not None and n_rows else NULL
+    job.nll_sum = &nll_sum if job.nll != NULL and job.targets != NULL else NULL
+    job.n_counted = &n_counted if job.targets != NULL else NULL
     job.num_threads = num_threads
+    job.interrupted = NULL
+    job.interrupt_arg = <void *>raised
+    if threading.current_thread() is threading.main_thread():
+        job.interrupted = _signalled
     with nogil:
         status = lm_run(&job, &bad)
-    return status, bad, nll_sum, n_counted
+    if raised:
+        raise raised[0]
+    return lm_status(status), bad, nll_sum, n_counted
 
 
 def isa_supported(str name):

@@ -2,8 +2,8 @@
  * pass over memory. Included once per (ISA, dtype) by lm_instantiate.h after
  * an lm_simd_*.h header has defined the vector primitives:
  *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma (fused), v_max,
- *   v_abs, v_copysign, v_scale, v_pow2q, v_sel_n0, v_zero_neginf, v_any_eq,
- *   v_store,
+ *   v_abs, v_copysign, v_scale, v_pow2q, v_sel_n0, v_zero_below, v_any_eq,
+ *   v_store, v_loadu,
  * and the dtype macros:
  *   LM_ELEM (storage type), LM_ELEM_NEGINF,
  *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
@@ -108,12 +108,52 @@ LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) {
 /* |K| bound for c1 = MAGIC - QK to stay exact: rows whose maxima pass
  * +-2^21 ln2 / Q (3.6e5 for Q = 4, 4.5e4 for Q = 32) take the exact path. */
 #define LM_KMAX (2097152.0 / LM_Q)
+/* With libm's exp (float64 lanes) the shift is the max itself; rows whose
+ * maxima pass +-2^50 take the exact path (beyond, the clamp MS + LM_EXP_LO
+ * would round to MS and every term count as the max's). */
+#define LM_LIBM_MAX 1125899906842624.0
+/* The KL cross term adds e_r d, d = (r - rms) - (z - ms), both unclamped.
+ * A lane whose r lies below the clamp (RMS + LM_EXP_LO: e_r under the float
+ * range, or a mask such as finfo.min) adds nothing: its true e_r d is below
+ * exp(LM_EXP_LO) |d|, nil while |d| <= LM_CROSS_BIG. A block where some d
+ * passes LM_CROSS_BIG (the model masks, with -inf or a finite value, where
+ * the reference does not) sends the row to the exact path, which also keeps
+ * the float sums of e_r d from overflowing. */
+#define LM_CROSS_BIG 1e20
 
-#define LM_LOADC(p, a, b)                                                      \
-    do {                                                                       \
-        LM_LOAD2(p, a, b);                                                     \
-        if (capped) { a = LM_FN(cap_)(a, vc, vic); b = LM_FN(cap_)(b, vc, vic); } \
-    } while (0)
+/* How stored elements become lane values: the softcap c tanh(z / c) when
+ * it is on and, in the tail (valid < LM_STEP real elements, the rest
+ * padding), the padding set to -inf after the cap, so that it adds nothing
+ * in any mode (capped, -inf padding would be -c: a value like any other). */
+typedef struct { VF c, ic; int capped; int64_t valid; } LM_FN(loader_t);
+
+LM_INLINE LM_FN(loader_t) LM_FN(loader_)(int capped, float cap, int64_t valid) {
+    LM_FN(loader_t) ld;
+    ld.c = v_set1(capped ? cap : 1.0f);
+    ld.ic = v_set1(capped ? 1.0f / cap : 1.0f);
+    ld.capped = capped;
+    ld.valid = valid;
+    return ld;
+}
+
+LM_INLINE void LM_FN(unpad_)(VF *a, VF *b, int64_t valid) {
+    LANE_T tmp[LM_STEP];
+    v_store(tmp, *a);
+    v_store(tmp + VW, *b);
+    for (int k = 0; k < LM_STEP; k++)
+        if (LM_LANE_ELEM(k) >= valid) tmp[k] = (LANE_T)-INFINITY;
+    *a = v_loadu(tmp);
+    *b = v_loadu(tmp + VW);
+}
+
+LM_INLINE void LM_FN(load_)(const LM_ELEM *p, const LM_FN(loader_t) ld, VF *a, VF *b) {
+    LM_LOAD2(p, *a, *b);
+    if (ld.capped) {
+        *a = LM_FN(cap_)(*a, ld.c, ld.ic);
+        *b = LM_FN(cap_)(*b, ld.c, ld.ic);
+        if (ld.valid < LM_STEP) LM_FN(unpad_)(a, b, ld.valid);
+    }
+}
 
 LM_INLINE LANE_T LM_FN(hmax_)(VF v) {
     LANE_T tmp[VW], m;
@@ -133,11 +173,11 @@ LM_INLINE double LM_FN(hsum_)(VF v) {
 
 /* max over len elements (len a multiple of LM_STEP); NaN is skipped here and
  * caught by the exp pass. */
-LM_INLINE LANE_T LM_FN(max_)(const LM_ELEM *z, int64_t len, int capped, VF vc, VF vic) {
+LM_INLINE LANE_T LM_FN(max_)(const LM_ELEM *z, int64_t len, const LM_FN(loader_t) ld) {
     VF m0 = v_set1(-INFINITY), m1 = m0;
     for (int64_t j = 0; j < len; j += LM_STEP) {
         VF a, b;
-        LM_LOADC(z + j, a, b);
+        LM_FN(load_)(z + j, ld, &a, &b);
         m0 = v_max(a, m0);
         m1 = v_max(b, m1);
     }
@@ -146,13 +186,13 @@ LM_INLINE LANE_T LM_FN(max_)(const LM_ELEM *z, int64_t len, int capped, VF vc, V
 
 /* first index in [0, len) whose (capped) value equals bm: a vector test
  * per step, a lane scan only in the step that holds it */
-LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, int capped, VF vc, VF vic) {
+LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, const LM_FN(loader_t) ld) {
     const VF vbm = v_set1(bm);
     for (int64_t j = 0; j < len; j += LM_STEP) {
         VF a, b;
         LANE_T tmp[LM_STEP];
         int64_t best = -1;
-        LM_LOADC(z + j, a, b);
+        LM_FN(load_)(z + j, ld, &a, &b);
         if (!(v_any_eq(a, vbm) || v_any_eq(b, vbm))) continue;
         v_store(tmp, a);
         v_store(tmp + VW, b);
@@ -176,7 +216,7 @@ LM_INLINE LANE_T LM_FN(rawmax_)(VI16 acc, const LM_ELEM *z, int64_t len) {
     v_imax16_store(tmp, acc);
     for (int k = 0; k < (int)(sizeof(VI16) / 2); k++) m = tmp[k] > m ? tmp[k] : m;
     if (m >= 0 && m <= LM_ELEM_POSINF) return LM_ELEM_TO_FLOAT((uint16_t)m);
-    return LM_FN(max_)(z, len, 0, v_set1(1.0f), v_set1(1.0f));
+    return LM_FN(max_)(z, len, LM_FN(loader_)(0, 1.0f, LM_STEP));
 }
 #else
 #define LM_RAWMAX 0
@@ -184,7 +224,7 @@ LM_INLINE LANE_T LM_FN(rawmax_)(VI16 acc, const LM_ELEM *z, int64_t len) {
 
 /* What one block gives, in double: sums against the shifts (MS, RMS) it
  * was given, and its maxima. */
-typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan; } LM_FN(acc_);
+typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan, cross_big; } LM_FN(acc_);
 
 /* One block in one pass: the maxima of (z, r)[0, len) and sum e (z - MS),
  * e = exp(z - MS), against shifts (MS, RMS) chosen before (finite, each
@@ -195,8 +235,9 @@ typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan; } LM_FN(acc_);
  * the block again if its maxima pass the maxima before by more than LM_HEAD. */
 LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
                               const char *pf, double MS, double RMS, LANE_T ms, LANE_T rms,
-                              const int ent, const int ref, const int capped,
-                              VF vc, VF vic, LM_FN(acc_) *out) {
+                              const int ent, const int ref, const LM_FN(loader_t) ld,
+                              LM_FN(acc_) *out) {
+    const int capped = ld.capped;
     const VF zero = v_set1(0.0f);
     const VF lo = v_set1((LANE_T)(MS + LM_EXP_LO)), rlo = v_set1((LANE_T)(RMS + LM_EXP_LO));
     const VF vms = v_set1(ms), vrms = v_set1(rms), vsh = v_set1(MS), vrsh = v_set1(RMS);
@@ -208,7 +249,7 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
 #endif
     /* one accumulator per sum: the loop then fits AVX2's 16 registers */
     VF s = zero, t = zero, rs = zero, c = zero;
-    VF mx = v_set1(-INFINITY), rmx = mx;
+    VF mx = v_set1(-INFINITY), rmx = mx, dmax = mx;
 #if LM_RAWMAX
     VI16 imx = v_imax16_init(), rimx = imx;
 #endif
@@ -224,19 +265,20 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         s = v_fma(p_, sc_, s);                                                 \
         if (ent) t = v_fma(v_mul(p_, sc_), v_sub(xc_, vms), t);                \
         if (ref) {                                                             \
-            VF yc_ = v_max(rlo, y), e_;                                        \
+            VF yc_ = v_max(rlo, y), d_;                                        \
             if (!LM_RAWMAX || capped) rmx = v_max(y, rmx);                     \
             p_ = LM_FN(expq_)(yc_, rk1, vrsh, &sc_);                           \
             rs = v_fma(p_, sc_, rs);                                           \
-            e_ = v_mul(p_, sc_);                                               \
-            /* e_r ((r - rms) - (z - ms)), z unclamped: -inf there gives +inf */ \
-            c = v_fma(e_, v_zero_neginf(v_sub(v_sub(yc_, vrms), v_sub(x, vms)), y), c); \
+            /* e_r d, d = (r - rms) - (z - ms) unclamped; see LM_CROSS_BIG */   \
+            d_ = v_sub(v_sub(y, vrms), v_sub(x, vms));                         \
+            dmax = v_max(d_, dmax);                                            \
+            c = v_fma(v_mul(p_, sc_), v_zero_below(d_, y, rlo), c);            \
         }                                                                      \
     } while (0)
 
     for (int64_t j = 0; j < len; j += LM_STEP) {
         VF za, zb, ra = zero, rb = zero;
-        LM_LOADC(z + j, za, zb);
+        LM_FN(load_)(z + j, ld, &za, &zb);
         __builtin_prefetch(pf + j * (int64_t)sizeof(LM_ELEM), 0, 3);
 #if LM_RAWMAX
         if (!capped) {
@@ -244,7 +286,7 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
             if (ref) rimx = v_imax16(rimx, r + j);
         }
 #endif
-        if (ref) LM_LOADC(r + j, ra, rb);
+        if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
         LM_HALF(za, ra);
         LM_HALF(zb, rb);
     }
@@ -266,6 +308,7 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     }
     /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
     out->nan = (isnan(out->s) ? 1 : 0) | (ref && isnan(out->rs) ? 2 : 0);
+    out->cross_big = ref && LM_FN(hmax_)(dmax) > LM_CROSS_BIG;
 }
 
 #ifndef LM_LIBM_EXP
@@ -282,7 +325,7 @@ LM_INLINE double LM_FN(fix_)(double m, double ms) {
  * of range for c1. With libm's exp, bm itself. */
 LM_INLINE double LM_FN(shift_of_)(double bm) {
 #ifdef LM_LIBM_EXP
-    return bm;
+    return fabs(bm) <= LM_LIBM_MAX ? bm : NAN;
 #else
     double k = ceil(bm / LM_LN2F);
     return fabs(k) <= LM_KMAX ? k * LM_LN2F : NAN;
@@ -309,10 +352,12 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int ent, const int amax, const int ref,
                                 const int capped, float cap, const void *next,
                                 lm_state *st) {
-    const VF vc = v_set1(capped ? cap : 1.0f), vic = v_set1(capped ? 1.0f / cap : 1.0f);
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
+    /* loaders of the whole blocks and of the padded tail */
+    const LM_FN(loader_t) ld = LM_FN(loader_)(capped, cap, LM_STEP);
+    const LM_FN(loader_t) ldt = LM_FN(loader_)(capped, cap, n - nv);
     const int64_t pfe = LM_PREFETCH_BYTES / (int64_t)sizeof(LM_ELEM);
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
     /* maxima so far; shifts (the sums are of exp(z - MS)), -inf until a
@@ -329,12 +374,12 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         }
     }
 #define LM_BLK_LEN(k) (nv - (k) * blk < blk ? nv - (k) * blk : blk)
-#define LM_BLOCK_AT(k, zp, rp, len)                                            \
+#define LM_BLOCK_AT(k, zp, rp, len, lb)                                        \
     do {                                                                       \
         if ((k) < nmain) {                                                     \
             zp = z + (k) * blk; rp = ref ? r + (k) * blk : NULL;               \
-            len = LM_BLK_LEN(k);                                               \
-        } else { zp = tz; rp = tr; len = LM_STEP; }                            \
+            len = LM_BLK_LEN(k); lb = ld;                                      \
+        } else { zp = tz; rp = tr; len = LM_STEP; lb = ldt; }                  \
     } while (0)
 /* a side's shift rises when its block max passes it; the block is done
  * again when the max passes the max before it by more than LM_HEAD (a
@@ -368,22 +413,23 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         double bm, brm;
         int redo;
         LM_FN(acc_) acc;
-        LM_BLOCK_AT(k, zp, rp, len);
+        LM_FN(loader_t) lb;
+        LM_BLOCK_AT(k, zp, rp, len, lb);
         /* prefetch a fixed distance ahead: in this segment, else the next */
         pf = o < n ? (const char *)(z + o)
            : next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)zp;
         if (k == 0) { /* a first look at the maxima: the first shifts */
-            bm = LM_FN(max_)(zp, len, capped, vc, vic);
-            brm = ref ? LM_FN(max_)(rp, len, capped, vc, vic) : (LANE_T)-INFINITY;
+            bm = LM_FN(max_)(zp, len, lb);
+            brm = ref ? LM_FN(max_)(rp, len, lb) : (LANE_T)-INFINITY;
             if (bm > -INFINITY) { MS = LM_FN(shift_of_)(bm); M = bm; kz = 0; }
             if (brm > -INFINITY) { RMS = LM_FN(shift_of_)(brm); RM = brm; kr = 0; }
             if (bm == INFINITY || brm == INFINITY || isnan(MS) || isnan(RMS)) { st->slow = 1; return; }
         }
         LM_FN(block_)(zp, rp, len, pf, LM_EFF(MS), LM_EFF(RMS), LM_REF(M, MS), LM_REF(RM, RMS),
-                      ent, ref, capped, vc, vic, &acc);
+                      ent, ref, lb, &acc);
         bm = acc.zmax;
         brm = acc.rmax;
-        if (bm == INFINITY || brm == INFINITY) { st->slow = 1; return; }
+        if (bm == INFINITY || brm == INFINITY || acc.cross_big) { st->slow = 1; return; }
         redo = LM_REDO(bm, M) || (ref && LM_REDO(brm, RM));
         if (!redo) LM_TAKE();
         if (bm > M) { M = bm; kz = k; }
@@ -392,7 +438,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         if (ref) LM_LIFT(brm, RMS, &RS, &C, 0.0, NULL);
         if (redo) { /* again, from L1, against the new shifts and maxima */
             LM_FN(block_)(zp, rp, len, (const char *)zp, LM_EFF(MS), LM_EFF(RMS),
-                          LM_REF(M, MS), LM_REF(RM, RMS), ent, ref, capped, vc, vic, &acc);
+                          LM_REF(M, MS), LM_REF(RM, RMS), ent, ref, lb, &acc);
+            if (acc.cross_big) { st->slow = 1; return; }
             LM_TAKE();
         }
         st->nan_found |= acc.nan;
@@ -401,8 +448,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
      * first argmax lies in the block of the last rise. */
 #define LM_FIND_IN(k, base, tail, mx)                                          \
     ((k) < nmain ? (k) * blk + LM_FN(find_)((base) + (k) * blk, LM_BLK_LEN(k),  \
-                                            (LANE_T)(mx), capped, vc, vic)     \
-                 : nv + LM_FN(find_)(tail, LM_STEP, (LANE_T)(mx), capped, vc, vic))
+                                            (LANE_T)(mx), ld)                  \
+                 : nv + LM_FN(find_)(tail, LM_STEP, (LANE_T)(mx), ldt))
     if (amax && kz >= 0) am = LM_FIND_IN(kz, z, tz, M);
     if (amax && ref && kr >= 0) ram = LM_FIND_IN(kr, r, tr, RM);
 #undef LM_FIND_IN
@@ -456,7 +503,6 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 #undef LM_CASE
 }
 
-#undef LM_LOADC
 #undef LM_EXP_LO
 #undef LM_MAGIC
 #undef LM_Q

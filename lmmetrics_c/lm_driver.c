@@ -14,6 +14,9 @@
 /* Below this many elements a call runs on one thread (an OpenMP fork costs
  * more than it saves); each further thread needs this much work too. */
 #define LM_MIN_WORK_PER_THREAD ((int64_t)1 << 15)
+/* Work a thread does between two calls of job->interrupted (elements):
+ * a few milliseconds, so that Ctrl-C is acted on promptly. */
+#define LM_CHECK_WORK ((int64_t)1 << 24)
 
 /* ------------------------------------------------------------------ ISA */
 
@@ -209,13 +212,18 @@ static double lm_cap(const lm_job *j, double v) {
     return j->softcap > 0 ? j->softcap * tanh(v / j->softcap) : v;
 }
 
-/* One side of a row, exactly, in double: how many +inf, the lse over the
- * finite part, entropy, first argmax. Used only for rows a kernel calls slow
- * (+inf, or maxima beyond its range). */
-typedef struct { int64_t ninf, amax; double m, lse, ent; int nan; } lm_exact;
+/* NLL, entropy and KL are >= 0 exactly; rounding may leave -1e-16 */
+static double lm_nonneg(double v) { return v <= 0.0 ? 0.0 : v; }
+
+/* One side of a row, exactly, in double: how many +inf, the max m and
+ * ls = log sum exp(z - m) over the finite part (log-probabilities are
+ * (z - m) - ls, never z - (m + ls), which loses z - m when m is large),
+ * entropy, first argmax. Used only for rows a kernel calls slow (+inf,
+ * maxima beyond its range, or a KL cross term beyond float sums). */
+typedef struct { int64_t ninf, amax; double m, ls, ent; int nan; } lm_exact;
 
 static lm_exact lm_exact_side(const lm_job *j, const void *p) {
-    lm_exact e = {0, -1, -INFINITY, -INFINITY, 0.0, 0};
+    lm_exact e = {0, -1, -INFINITY, 0.0, 0.0, 0};
     double s = 0.0, t = 0.0;
     for (int64_t k = 0; k < j->n_cols; k++) {
         double v = lm_cap(j, lm_load1(p, j->dtype, k));
@@ -223,7 +231,7 @@ static lm_exact lm_exact_side(const lm_job *j, const void *p) {
         else if (v == INFINITY) { if (!e.ninf++) e.amax = k; }
         else if (v > e.m) { e.m = v; if (!e.ninf) e.amax = k; }
     }
-    if (e.ninf) { e.lse = INFINITY; e.ent = log((double)e.ninf); return e; }
+    if (e.ninf) { e.ent = log((double)e.ninf); return e; }
     if (e.m == -INFINITY) return e;
     for (int64_t k = 0; k < j->n_cols; k++) {
         double d = lm_cap(j, lm_load1(p, j->dtype, k)) - e.m;
@@ -231,8 +239,8 @@ static lm_exact lm_exact_side(const lm_job *j, const void *p) {
         s += exp(d);
         t += exp(d) * d;
     }
-    e.lse = e.m + log(s);
-    e.ent = log(s) - t / s;
+    e.ls = log(s);
+    e.ent = e.ls - t / s;
     return e;
 }
 
@@ -240,7 +248,7 @@ static lm_exact lm_exact_side(const lm_job *j, const void *p) {
 static double lm_exact_logp(const lm_job *j, const lm_exact *e, const void *p, int64_t k) {
     double v = lm_cap(j, lm_load1(p, j->dtype, k));
     if (e->ninf) return v == INFINITY ? -log((double)e->ninf) : -INFINITY;
-    return v - e->lse;
+    return (v - e->m) - e->ls;
 }
 
 static int lm_row_exact(const lm_ctx *x, int64_t i) {
@@ -249,22 +257,22 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
     lm_exact ez = lm_exact_side(j, z), er;
     if (ez.nan) return LM_ERR_NAN;
     if (ez.m == -INFINITY && !ez.ninf) return LM_ERR_EMPTY;
-    if (j->nll) j->nll[i] = -lm_exact_logp(j, &ez, z, j->targets[i]);
-    if (j->entropy) j->entropy[i] = ez.ent;
+    if (j->nll) j->nll[i] = lm_nonneg(-lm_exact_logp(j, &ez, z, j->targets[i]));
+    if (j->entropy) j->entropy[i] = lm_nonneg(ez.ent);
     if (j->argmax) j->argmax[i] = ez.amax;
     if (!r) return LM_OK;
     er = lm_exact_side(j, r);
     if (er.nan) return LM_ERR_NAN_REF;
     if (er.m == -INFINITY && !er.ninf) return LM_ERR_EMPTY_REF;
     if (j->ref_argmax) j->ref_argmax[i] = er.amax;
-    if (j->ref_nll) j->ref_nll[i] = -lm_exact_logp(j, &er, r, j->targets[i]);
+    if (j->ref_nll) j->ref_nll[i] = lm_nonneg(-lm_exact_logp(j, &er, r, j->targets[i]));
     if (j->kl) {
         double kl = 0.0;
         for (int64_t k = 0; k < j->n_cols; k++) {
-            double lp = lm_exact_logp(j, &er, r, k);
-            if (lp > -INFINITY) kl += exp(lp) * (lp - lm_exact_logp(j, &ez, z, k));
+            double lp = lm_exact_logp(j, &er, r, k), p = exp(lp);
+            if (p > 0.0) kl += p * (lp - lm_exact_logp(j, &ez, z, k));
         }
-        j->kl[i] = kl;
+        j->kl[i] = lm_nonneg(kl);
     }
     return LM_OK;
 }
@@ -280,21 +288,18 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
         if (st->rm == -INFINITY) return LM_ERR_EMPTY_REF;
     }
     double ls = log(st->s);
-    /* each of these is >= 0 exactly; rounding may leave -1e-16 */
-#define LM_NONNEG(v) ((v) < 0.0 ? 0.0 : (v))
     if (j->nll) {
         const char *z = lm_row(x, &j->logits, i);
-        j->nll[i] = LM_NONNEG((st->m - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]))) + ls);
+        j->nll[i] = lm_nonneg((st->m - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]))) + ls);
     }
-    if (j->entropy) j->entropy[i] = LM_NONNEG(ls - st->t / st->s);
+    if (j->entropy) j->entropy[i] = lm_nonneg(ls - st->t / st->s);
     if (j->argmax) j->argmax[i] = st->amax;
-    if (j->kl) j->kl[i] = LM_NONNEG(st->c / st->rs - log(st->rs) + ls);
+    if (j->kl) j->kl[i] = lm_nonneg(st->c / st->rs - log(st->rs) + ls);
     if (j->ref_argmax) j->ref_argmax[i] = st->ramax;
     if (j->ref_nll) {
         const char *r = lm_row(x, &j->ref, i);
-        j->ref_nll[i] = LM_NONNEG((st->rm - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]))) + log(st->rs));
+        j->ref_nll[i] = lm_nonneg((st->rm - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]))) + log(st->rs));
     }
-#undef LM_NONNEG
     return LM_OK;
 }
 
@@ -367,18 +372,28 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     status = (unsigned char *)calloc((size_t)n, 1);
     if (!status) return LM_ERR_NOMEM;
 
+    /* The work goes in chunks (rows, or segments of rows) of about
+     * LM_CHECK_WORK elements a thread; between chunks the job may be
+     * interrupted, and a chunk with a bad row ends it (chunks run in row
+     * order, so that row is still the first bad one). How rows are cut
+     * into chunks changes no result. */
     if (nt > 1 && n < nt && x.nseg > 1) {
         /* few long rows: split them into segments across threads */
-        int64_t items = n * x.nseg;
+        int64_t items = n * x.nseg, per = LM_CHECK_WORK * nt / LM_SEGMENT / (j->ref.base ? 2 : 1);
         lm_state *sts = (lm_state *)malloc((size_t)items * sizeof(lm_state));
         if (!sts) { free(status); return LM_ERR_NOMEM; }
+        if (per < nt) per = nt;
+        for (int64_t k0 = 0; k0 < items && !err; k0 += per) {
+            int64_t k1 = k0 + per < items ? k0 + per : items;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-        for (int64_t k = 0; k < items; k++) {
-            if (lm_counted(j, k / x.nseg)) lm_segment(&x, k / x.nseg, k % x.nseg, &sts[k]);
+            for (int64_t k = k0; k < k1; k++) {
+                if (lm_counted(j, k / x.nseg)) lm_segment(&x, k / x.nseg, k % x.nseg, &sts[k]);
+            }
+            if (k1 < items && j->interrupted && j->interrupted(j->interrupt_arg)) err = LM_INTERRUPTED;
         }
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n && !err; i++) {
             lm_state *acc = &sts[i * x.nseg];
             if (!lm_counted(j, i)) { lm_skip(j, i); continue; }
             for (int64_t s = 1; s < x.nseg; s++) lm_merge(acc, &sts[i * x.nseg + s], s * LM_SEGMENT);
@@ -386,14 +401,24 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         }
         free(sts);
     } else {
-        if (nt > n) nt = (int)n;
+        int64_t per = LM_CHECK_WORK * nt / (j->n_cols * (j->ref.base ? 2 : 1));
+        if (per < nt) per = nt;
+        for (int64_t i0 = 0; i0 < n && !err; i0 += per) {
+            int64_t i1 = i0 + per < n ? i0 + per : n;
+            int ntc = i1 - i0 < nt ? (int)(i1 - i0) : nt;
+            (void)ntc;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+#pragma omp parallel for num_threads(ntc) schedule(static) if (ntc > 1)
 #endif
-        for (int64_t i = 0; i < n; i++) status[i] = (unsigned char)lm_whole_row(&x, i);
+            for (int64_t i = i0; i < i1; i++) status[i] = (unsigned char)lm_whole_row(&x, i);
+            for (int64_t i = i0; i < i1; i++) {
+                if (status[i]) { err = status[i]; *bad_row = i; break; }
+            }
+            if (!err && i1 < n && j->interrupted && j->interrupted(j->interrupt_arg)) err = LM_INTERRUPTED;
+        }
     }
-    for (int64_t i = 0; i < n; i++) {
-        if (status[i]) { err = status[i]; *bad_row = i; break; }
+    for (int64_t i = 0; i < n && !err; i++) {
+        if (status[i]) { err = status[i]; *bad_row = i; }
     }
     free(status);
     if (!err) lm_totals(j);

@@ -23,7 +23,8 @@ enum lm_status {
     LM_ERR_EMPTY_REF = 4,  /* a reference row is all -inf */
     LM_ERR_ARGS = 5,       /* inconsistent job (a bug in the caller) */
     LM_ERR_NOMEM = 6,
-    LM_ERR_TARGET = 7      /* a counted target >= n_cols */
+    LM_ERR_TARGET = 7,     /* a counted target >= n_cols */
+    LM_INTERRUPTED = 8     /* job->interrupted said stop (the outputs are partial) */
 };
 
 typedef struct {
@@ -51,6 +52,11 @@ typedef struct {
     double *nll_sum;         /* sum of nll (compensated) */
     int64_t *n_counted;      /* rows counted */
     int num_threads;         /* <= 0: the OpenMP default */
+    /* optional: called between chunks of rows (about 2^24 elements a thread,
+     * a few ms) from the calling thread, outside parallel regions; nonzero
+     * stops the job with LM_INTERRUPTED (e.g. to act on Ctrl-C) */
+    int (*interrupted)(void *arg);
+    void *interrupt_arg;
 } lm_job;
 
 /* Runs the job with the GIL released by the caller. Returns an lm_status;

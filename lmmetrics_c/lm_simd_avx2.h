@@ -14,6 +14,7 @@ typedef float LANE_T;
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define v_max _mm256_max_ps
 #define v_store _mm256_storeu_ps
+#define v_loadu _mm256_loadu_ps
 #define v_abs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define v_copysign(mag, s)                                                     \
     _mm256_or_ps(v_abs(mag), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
@@ -34,8 +35,8 @@ typedef float LANE_T;
     _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
 /* nonzero when some lane of a equals the same lane of b */
 #define v_any_eq(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ))
-#define v_zero_neginf(x, r)                                                    \
-    _mm256_and_ps(x, _mm256_cmp_ps(r, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ))
+/* x where y >= lo, else 0 (NaN in y: 0) */
+#define v_zero_below(x, y, lo) _mm256_and_ps(x, _mm256_cmp_ps(y, lo, _CMP_GE_OQ))
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = _mm256_loadu_ps(p); b = _mm256_loadu_ps((p) + 8); } while (0)

@@ -14,6 +14,7 @@ typedef float LANE_T;
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define v_max _mm512_max_ps
 #define v_store _mm512_storeu_ps
+#define v_loadu _mm512_loadu_ps
 #define v_abs(x) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x),  \
     _mm512_set1_epi32(0x7fffffff)))
 #define v_copysign(mag, s) _mm512_castsi512_ps(_mm512_or_si512(                \
@@ -45,8 +46,8 @@ typedef __m512i VI16;
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
 /* nonzero when some lane of a equals the same lane of b */
 #define v_any_eq(a, b) _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ)
-#define v_zero_neginf(x, r)                                                    \
-    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), x)
+/* x where y >= lo, else 0 (NaN in y: 0) */
+#define v_zero_below(x, y, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, lo, _CMP_GE_OQ), x)
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = _mm512_loadu_ps(p); b = _mm512_loadu_ps((p) + 16); } while (0)

@@ -14,7 +14,8 @@
 #undef v_scale
 #undef v_pow2q
 #undef v_sel_n0
-#undef v_zero_neginf
+#undef v_zero_below
+#undef v_loadu
 #undef v_any_eq
 
 #ifndef LM_SIMD_SCALAR_ONCE
@@ -49,6 +50,7 @@ static inline float lm_pow2q(float t) {
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define v_max(a, b) ((a) > (b) ? (a) : (b))
 #define v_store(p, v) (*(p) = (v))
+#define v_loadu(p) (*(p))
 #define v_abs(x) ((LANE_T)fabs(x))
 #define v_copysign(m, s) ((LANE_T)copysign(m, s))
 #define v_scale(p, t) ((t) == (t) ? (LANE_T)ldexp(p, (int)((t) - LM_MAGIC)) : (t))
@@ -57,7 +59,7 @@ static inline float lm_pow2q(float t) {
 #define v_pow2q(t) lm_pow2q(t)
 #define v_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
 #define v_any_eq(a, b) ((a) == (b))
-#define v_zero_neginf(x, r) ((r) == -INFINITY ? (LANE_T)0 : (x))
+#define v_zero_below(x, y, lo) ((y) >= (lo) ? (x) : (LANE_T)0)
 
 #define LM_LOAD2_F32(p, a, b) do { a = (p)[0]; b = (p)[1]; } while (0)
 #define LM_LANE_F32(k) (k)

@@ -19,6 +19,8 @@ from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
+from ._errors import Status, row_error
+
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
 _chunk_bytes = _DEFAULT_CHUNK_BYTES
 
@@ -110,8 +112,6 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, c
     """Fill out's per-row arrays (numpy, on the host) from the CUDA tensors."""
     import torch
 
-    from ._engine import row_error
-
     dev = lg.keep.device
     temps = (_TEMPS_REF if ref is not None else
              _TEMPS_ROW if out.entropy is not None or out.argmax is not None else _TEMPS_NLL)
@@ -127,11 +127,11 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, c
             i1 = min(pos + zb.shape[0], i0 + step)
             _chunk(zb[a:a + step], None if rb is None else rb[a:a + step],
                    None if tgt_all is None else tgt_all[i0:i1], counted_all[i0:i1],
-                   out, i0, i1, cap, lg.lead_shape, row_error)
+                   out, i0, i1, cap, lg.lead_shape)
         pos += zb.shape[0]
 
 
-def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
+def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
     """One chunk of rows: the fast path from log-probabilities (one fused
     log_softmax a side); a chunk where a counted row's value is not finite
     (NaN, an all -inf row, +inf logits, or a target at -inf) is done again
@@ -143,7 +143,7 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
 
     if not ((out.nll is not None or out.entropy is not None)
             and (r is None or out.ref_nll is not None or out.kl is not None)):
-        _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error)
+        _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
         return
     safe = torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
     z = _capped(x, cap)
@@ -173,7 +173,7 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
         for k, v in host.items():
             getattr(out, k)[i0:i1] = np.where(cnt, v, -1 if "argmax" in k else 0.0)
         return
-    _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error)
+    _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
 
 
 def _entropy(logp):
@@ -207,7 +207,7 @@ def _capped(x, cap: float):
     return torch.tanh(x.to(_compute_dtype(x)) / cap) * cap if cap else x
 
 
-def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) -> None:
+def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
     import torch
 
     z, lse, nan, empty = _side(x, cap)
@@ -217,7 +217,8 @@ def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape, row_error) ->
         bad = bad | ((rnan | rempty) & counted)
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0, 0])
-        status = 1 if nan[i] else 3 if empty[i] else 2 if rnan[i] else 4
+        status = (Status.LM_ERR_NAN if nan[i] else Status.LM_ERR_EMPTY if empty[i]
+                  else Status.LM_ERR_NAN_REF if rnan[i] else Status.LM_ERR_EMPTY_REF)
         raise row_error(status, i0 + i, lead_shape)
 
     def put(name, values, fill):

@@ -9,20 +9,15 @@ device (:mod:`lmmetrics._cuda`).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from . import _core
-from ._inputs import Logits, _position, as_logits, as_targets, is_cuda, target_error
-
-_ERRORS = {
-    1: "NaN in {name} at row {row} (position {pos})",
-    2: "NaN in reference_logits at row {row} (position {pos})",
-    3: "{name} row {row} (position {pos}) is all -inf: it holds no distribution",
-    4: "reference_logits row {row} (position {pos}) is all -inf: it holds no distribution",
-}
+from ._errors import ROW_STATUSES, Status, row_error, target_error
+from ._inputs import Logits, as_logits, as_targets, is_cuda
 
 
 @dataclass
@@ -55,26 +50,44 @@ class RowResults:
         return self._counted
 
 
+MAX_THREADS = 1024
+# The kernel applies a softcap in float lanes (c and 1 / c): both must be
+# normal float32 numbers with room to spare.
+SOFTCAP_RANGE = (1e-30, 1e30)
+_INT64 = np.iinfo(np.int64)
+
+
 def check_threads(num_threads: Optional[int]) -> int:
+    """0 for None (the OpenMP default), else the thread count, or ValueError."""
     if num_threads is None:
         return 0
-    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
-        raise ValueError(f"num_threads must be a positive integer or None, got {num_threads!r}")
+    if (isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer))
+            or not 1 <= num_threads <= MAX_THREADS):
+        raise ValueError(f"num_threads must be an integer from 1 to {MAX_THREADS}, or None; "
+                         f"got {num_threads!r}")
     return int(num_threads)
 
 
 def check_softcap(softcap: Optional[float]) -> float:
+    """0.0 for None (no cap), else the cap as a float: TypeError for what is
+    not a real number, ValueError outside SOFTCAP_RANGE."""
     if softcap is None:
         return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a number or None, got {softcap!r}")
     c = float(softcap)
-    if not c > 0 or c == float("inf"):
-        raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
+    lo, hi = SOFTCAP_RANGE
+    if not lo <= c <= hi:
+        raise ValueError(f"softcap must be a number from {lo:g} to {hi:g} (or None), got {softcap!r}")
     return c
 
 
 def check_ignore_index(ignore_index: Any) -> int:
+    """The ignore_index as an int64 value, or TypeError / ValueError."""
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
+    if not _INT64.min <= ignore_index <= _INT64.max:
+        raise ValueError(f"ignore_index must fit in int64, got {ignore_index!r}")
     return int(ignore_index)
 
 
@@ -132,28 +145,24 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         return out
 
     status, bad, nll_sum, n_counted = _core.run(
-        lg.dtype_code, n, lg.n_cols, lg.rows_inner,
-        lg.ptr, lg.row_stride, lg.outer_stride,
-        ref.ptr if ref else 0, ref.row_stride if ref else 0, ref.outer_stride if ref else 0,
-        tgt, ignore, cap, out.nll, out.entropy, out.argmax, out.kl, out.ref_argmax, out.ref_nll,
-        True, threads)
-    if status == 7:
-        raise target_error(tgt, bad, lg.n_cols, lg.lead_shape)
-    if status in _ERRORS:
+        dtype=lg.dtype_code, n_rows=n, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
+        logits=(lg.ptr, lg.row_stride, lg.outer_stride),
+        reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
+        targets=tgt, ignore_index=ignore, softcap=cap, nll=out.nll, entropy=out.entropy,
+        argmax=out.argmax, kl=out.kl, ref_argmax=out.ref_argmax, ref_nll=out.ref_nll,
+        num_threads=threads)
+    if status == Status.LM_ERR_TARGET:
+        raise target_error(tgt[bad], bad, lg.n_cols, lg.lead_shape)
+    if status in ROW_STATUSES:
         raise row_error(status, bad, lg.lead_shape)
-    if status == 6:
+    if status == Status.LM_ERR_NOMEM:
         raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
-    if status != 0:
-        raise RuntimeError(f"lmmetrics: internal error {status} in the native core")
+    if status != Status.LM_OK:
+        raise RuntimeError(f"lmmetrics: internal error {status!r} in the native core")
     if tgt is not None:
         out.n_counted = n_counted
     out.nll_sum = nll_sum
     return out
-
-
-def row_error(status: int, row: int, lead_shape) -> ValueError:
-    """The exception for a bad row (status 1-4 of the core)."""
-    return ValueError(_ERRORS[status].format(name="logits", row=row, pos=_position(row, lead_shape)))
 
 
 def _device(x):

@@ -15,6 +15,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _core
+from ._errors import target_error
 
 _NUMPY_DTYPES = {"float32", "float64", "float16", "bfloat16"}
 _NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.float16): "float16"}
@@ -87,6 +88,8 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     dtype = _dtype_name(a.dtype)
     if dtype not in _NUMPY_DTYPES:
         raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {a.dtype}")
+    if not a.dtype.isnative:  # big-endian on a little-endian machine: one converted copy
+        a = a.astype(a.dtype.newbyteorder("="))
     if a.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (..., vocab), got a scalar")
     item = a.itemsize
@@ -144,6 +147,9 @@ def _contiguous_strides(shape):
     return tuple(reversed(strides))[:-1]
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
 def as_index_array(x: Any, name: str) -> np.ndarray:
     """An integer array (numpy or torch CPU/CUDA) as numpy, or TypeError."""
     if is_torch(x):
@@ -154,10 +160,12 @@ def as_index_array(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def target_error(flat: np.ndarray, i: int, n_cols: int, lead_shape) -> ValueError:
-    return ValueError(
-        f"target {int(flat[i])} at position {_position(i, lead_shape)} is out of "
-        f"range for a vocabulary of {n_cols}")
+def _first_above(a: np.ndarray, limit: int) -> Optional[int]:
+    """The flat index of the first entry > limit, None when there is none
+    (compared in a's own dtype: no wrap of uint64 values)."""
+    if not a.size or a.max() <= limit:
+        return None
+    return int(np.argmax(a.reshape(-1) > limit))
 
 
 def as_targets(targets: Any, logits: Logits, check_range: bool = True, ignore_index: int = -100) -> np.ndarray:
@@ -170,11 +178,20 @@ def as_targets(targets: Any, logits: Logits, check_range: bool = True, ignore_in
             f"targets shape {t.shape} does not match the logits shape without its "
             f"vocabulary axis {logits.lead_shape}")
     flat = t.reshape(-1)
+    if flat.dtype == np.uint64:  # would wrap negative (ignored) as int64
+        i = _first_above(flat, _INT64_MAX)
+        if i is not None:
+            raise target_error(flat[i], i, logits.n_cols, logits.lead_shape)
     if check_range and flat.size and flat.max() >= logits.n_cols:
         bad = (flat >= logits.n_cols) & (flat != ignore_index)
         if bad.any():
-            raise target_error(flat, int(np.argmax(bad)), logits.n_cols, logits.lead_shape)
+            i = int(np.argmax(bad))
+            raise target_error(flat[i], i, logits.n_cols, logits.lead_shape)
     return np.ascontiguousarray(flat, dtype=np.int64)
+
+# A table entry (bytes or characters of one token) above this is refused:
+# sums over 2^31 tokens stay within int64.
+MAX_TABLE_ENTRY = 2**32 - 1
 
 
 def as_table(table: Any, n_cols: int, name: str) -> np.ndarray:
@@ -186,8 +203,8 @@ def as_table(table: Any, n_cols: int, name: str) -> np.ndarray:
             f"got shape {a.shape}")
     if a.size and a.min() < 0:
         raise ValueError(f"{name} holds a negative count at token id {int(np.argmin(a))}")
+    i = _first_above(a, MAX_TABLE_ENTRY)
+    if i is not None:
+        raise ValueError(f"{name} holds {int(a[i])} at token id {i}: a count must be at most "
+                         f"{MAX_TABLE_ENTRY}")
     return a.astype(np.int64, copy=False)
-
-
-def _position(i: int, lead_shape) -> Optional[tuple]:
-    return tuple(int(k) for k in np.unravel_index(i, lead_shape)) if lead_shape else ()

@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from . import _engine
+from .convert import exp
 
 KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0, 0.1)
 DELTA_P_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 75.0, 50.0, 25.0, 10.0, 5.0, 1.0, 0.1)
@@ -135,12 +136,12 @@ def comparison_from_tokens(nll_m: np.ndarray, nll_r: np.ndarray, kld: np.ndarray
     mean_m, sig_m = _mean_sigma(float(np.sum(nll_m)), float(np.sum(nll_m * nll_m)), n)
     mean_r, sig_r = _mean_sigma(float(np.sum(nll_r)), float(np.sum(nll_r * nll_r)), n)
     cov = (float(np.sum(nll_m * nll_r)) / n - mean_m * mean_r) / (n - 1) if n > 1 else 0.0
-    ppl, ppl_r = math.exp(mean_m), math.exp(mean_r)
+    ppl, ppl_r = exp(mean_m), exp(mean_r)
     u_m, u_r = ppl * sig_m, ppl_r * sig_r
     corr = cov / (sig_m * sig_r) if sig_m > 0 and sig_r > 0 else math.nan
     ln_ratio = mean_m - mean_r
     ln_unc = math.sqrt(max(sig_m ** 2 + sig_r ** 2 - 2 * cov, 0.0))
-    ratio = math.exp(ln_ratio)
+    ratio = exp(ln_ratio)
     d_unc = math.sqrt(max(u_m ** 2 + u_r ** 2 - 2 * ppl * ppl_r * cov, 0.0))
     dp = np.exp(-nll_m) - np.exp(-nll_r)
     dp2 = dp * dp

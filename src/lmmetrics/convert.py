@@ -8,6 +8,16 @@ import numpy as np
 
 LN2 = math.log(2.0)
 
+
+def exp(x: float) -> float:
+    """e^x as a float, inf where it overflows (math.exp raises there): a
+    perplexity of a mean NLL above ~709.78 nats is inf, not an error."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 __all__ = ["nats_to_bits", "bits_to_nats", "bpc_from_perplexity", "perplexity_from_bpc", "corpus_metrics"]
 
 
@@ -38,7 +48,7 @@ def bpc_from_perplexity(ppl: float, num_tokens: int, num_chars: int) -> float:
 
 def perplexity_from_bpc(bpc: float, num_tokens: int, num_chars: int) -> float:
     """The token-level perplexity matching ``bpc``: ``exp(BPC * ln 2 * T / N)``."""
-    return math.exp(float(bpc) * LN2 * _positive("num_chars", num_chars) / _positive("num_tokens", num_tokens))
+    return exp(float(bpc) * LN2 * _positive("num_chars", num_chars) / _positive("num_tokens", num_tokens))
 
 
 def _counts(name: str, counts, n: int) -> Optional[float]:
@@ -80,7 +90,7 @@ def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[
 
     per_word, per_byte = ratio(n_words), ratio(n_bytes)
     return {
-        "word_perplexity": None if per_word is None else math.exp(per_word),
-        "byte_perplexity": None if per_byte is None else math.exp(per_byte),
+        "word_perplexity": None if per_word is None else exp(per_word),
+        "byte_perplexity": None if per_byte is None else exp(per_byte),
         "bits_per_byte": None if per_byte is None else per_byte / LN2,
     }

@@ -11,16 +11,16 @@ nanochat's ``evaluate_bpb``.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, Optional
 
 import numpy as np
 
 from . import _engine
-from ._inputs import as_table
+from ._inputs import as_index_array, as_table
+from .convert import LN2, exp
 from .metrics import unit_sums
-
-LN2 = math.log(2.0)
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,19 @@ class Evaluator:
 
     def update(self, logits: Any, targets: Any, reference_logits: Any = None) -> None:
         """Add a batch: logits (..., V), targets (...), optional reference
-        logits of the logits' shape and dtype."""
+        logits of the logits' shape and dtype. All or nothing: an error (or
+        a KeyboardInterrupt) leaves the sums as they were."""
         ref = reference_logits is not None
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           softcap=self.softcap, num_threads=self.num_threads,
                           nll=True, entropy=self._full, argmax=self._full, kl=ref)
         table = self._table(res.n_cols)
-        st = self._state
+        st = dict(self._state)
+        self._add(st, res, table, ref)
+        self._state = st
+
+    def _add(self, st: Dict[str, Any], res: _engine.RowResults, table: Optional[np.ndarray],
+             ref: bool) -> None:
         n = res.n_counted
         st["tokens"] += n
         st["ignored"] += res.nll.size - n
@@ -143,7 +149,7 @@ class Evaluator:
         kn = st["kl_tokens"]
         return Metrics(
             tokens=n, ignored=st["ignored"], bytes=st["bytes"] if has_bytes else None,
-            nll_sum=st["nll_sum"], loss=loss, perplexity=math.exp(loss) if n else math.nan,
+            nll_sum=st["nll_sum"], loss=loss, perplexity=exp(loss) if n else math.nan,
             bits_per_token=loss / LN2, bits_per_byte=bpb,
             accuracy=st["correct"] / n if n else math.nan,
             entropy=st["entropy_sum"] / n if n else math.nan,
@@ -157,12 +163,13 @@ class Evaluator:
             raise ValueError("cannot merge Evaluators with different ignore_index or softcap")
         if (other._token_bytes_in is None) != (self._token_bytes_in is None):
             raise ValueError("cannot merge an Evaluator with token_bytes and one without")
+        if self._token_bytes_in is not None and not _same_table(self._token_bytes_in, other._token_bytes_in):
+            raise ValueError("cannot merge Evaluators with different token_bytes tables")
 
     def merge(self, other: "Evaluator") -> "Evaluator":
         """Add another Evaluator's sums to this one (e.g. from another worker)."""
         self._check_compatible(other)
-        for k, v in other._state.items():
-            self._state[k] += v
+        self._state = {k: v + other._state[k] for k, v in self._state.items()}
         return self
 
     def state_dict(self) -> Dict[str, Any]:
@@ -175,10 +182,21 @@ class Evaluator:
         unknown = set(state) - set(self._state)
         if missing or unknown:
             raise ValueError(f"not an Evaluator state: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        new = {}
         for k in _COUNTS:
-            self._state[k] = int(state[k])
+            v = state[k]
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ValueError(f"Evaluator state: {k} must be a non-negative integer, got {v!r}")
+            new[k] = int(v)
         for k in _SUMS:
-            self._state[k] = float(state[k])
+            v = state[k]
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v < 0:
+                raise ValueError(f"Evaluator state: {k} must be a non-negative number, got {v!r}")
+            new[k] = float(v)
+        if new["correct"] > new["tokens"] or new["same_top"] > new["kl_tokens"] or new["kl_tokens"] > new["tokens"]:
+            raise ValueError("Evaluator state: inconsistent counts (correct, kl_tokens and same_top "
+                             "cannot exceed tokens)")
+        self._state = new
 
     def all_reduce(self, group: Any = None) -> "Evaluator":
         """Sum the state across the ranks of ``torch.distributed`` (every
@@ -202,6 +220,14 @@ class Evaluator:
 
     def __repr__(self) -> str:
         return f"Evaluator(tokens={self._state['tokens']}, ignore_index={self.ignore_index})"
+
+
+def _same_table(a: Any, b: Any) -> bool:
+    """Whether two token_bytes tables hold the same counts."""
+    if a is b:
+        return True
+    x, y = as_index_array(a, "token_bytes"), as_index_array(b, "token_bytes")
+    return x.shape == y.shape and bool(np.array_equal(x, y))
 
 
 def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_logits: Any = None,

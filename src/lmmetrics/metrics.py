@@ -8,15 +8,13 @@ in nats unless the name says bits.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _engine
 from ._inputs import as_table
-
-LN2 = math.log(2.0)
+from .convert import LN2, exp
 _REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -80,7 +78,7 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
 def perplexity(logits: Any, targets: Any, *, ignore_index: int = -100, softcap: Optional[float] = None,
                num_threads: Optional[int] = None) -> float:
     """exp(mean NLL) over counted tokens."""
-    return math.exp(cross_entropy(logits, targets, ignore_index=ignore_index, softcap=softcap,
+    return exp(cross_entropy(logits, targets, ignore_index=ignore_index, softcap=softcap,
                                   num_threads=num_threads))
 
 
