@@ -14,8 +14,9 @@
 /* Below this many elements a call runs on one thread (an OpenMP fork costs
  * more than it saves); each further thread needs this much work too. */
 #define LM_MIN_WORK_PER_THREAD ((int64_t)1 << 15)
-/* Work a thread does between two calls of job->interrupted (elements):
- * a few milliseconds, so that Ctrl-C is acted on promptly. */
+/* Work a thread does between two calls of job->interrupted: a few
+ * milliseconds, so that Ctrl-C is acted on promptly. In elements of a
+ * 16- or 32-bit buffer without softcap; lm_cost weighs the rest. */
 #define LM_CHECK_WORK ((int64_t)1 << 24)
 
 /* ------------------------------------------------------------------ ISA */
@@ -340,6 +341,12 @@ static void lm_totals(const lm_job *j) {
     if (j->n_counted) *j->n_counted = k;
 }
 
+/* the cost of an element of the job relative to LM_CHECK_WORK's unit:
+ * libm's exp (float64) and a softcap take longer, a reference doubles it */
+static int64_t lm_cost(const lm_job *j) {
+    return (j->dtype == LM_F64 ? 8 : 1) * (j->softcap > 0 ? 4 : 1) * (j->ref.base ? 2 : 1);
+}
+
 int lm_run(const lm_job *j, int64_t *bad_row) {
     lm_ctx x;
     int64_t n = j->n_rows, work;
@@ -379,7 +386,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
      * into chunks changes no result. */
     if (nt > 1 && n < nt && x.nseg > 1) {
         /* few long rows: split them into segments across threads */
-        int64_t items = n * x.nseg, per = LM_CHECK_WORK * nt / LM_SEGMENT / (j->ref.base ? 2 : 1);
+        int64_t items = n * x.nseg, per = LM_CHECK_WORK * nt / LM_SEGMENT / lm_cost(j);
         lm_state *sts = (lm_state *)malloc((size_t)items * sizeof(lm_state));
         if (!sts) { free(status); return LM_ERR_NOMEM; }
         if (per < nt) per = nt;
@@ -401,7 +408,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         }
         free(sts);
     } else {
-        int64_t per = LM_CHECK_WORK * nt / (j->n_cols * (j->ref.base ? 2 : 1));
+        int64_t per = LM_CHECK_WORK * nt / (j->n_cols * lm_cost(j));
         if (per < nt) per = nt;
         for (int64_t i0 = 0; i0 < n && !err; i0 += per) {
             int64_t i1 = i0 + per < n ? i0 + per : n;
