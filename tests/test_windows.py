@@ -43,10 +43,13 @@ V = 300
 
 @pytest.fixture(scope="module")
 def llama():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only loses time to threads
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return transformers.LlamaForCausalLM(cfg).float().eval()
+    yield transformers.LlamaForCausalLM(cfg).float().eval()
+    torch.set_num_threads(threads)
 
 
 def text(n, seed=0):

@@ -57,7 +57,8 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> np
     model = spec.get("model") or {}
     byte_level = "ByteLevel" in kinds
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
-    spiece = byte_fallback or "Metaspace" in kinds or _SPIECE_SPACE in json.dumps(spec.get("decoder"), ensure_ascii=False)
+    spiece = (byte_fallback or "Metaspace" in kinds
+              or _SPIECE_SPACE in json.dumps(spec.get("decoder"), ensure_ascii=False))
     wordpiece_prefix = None
     if spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
         wordpiece_prefix = spec["decoder"].get("prefix", "##")
