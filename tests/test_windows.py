@@ -1,80 +1,253 @@
-"""sliding_window_nll: every token after the first scored once, by the
-first window that can score it (the longest context)."""
+"""sliding_window_nll against the peers' own loops, token for token, on a
+tiny random Llama: lm-evaluation-harness's rolling windows (its own window
+functions when lm_eval is installed), the transformers guide's strided loop
+(the model's own labels=-100 loss), and the longest-context schedule."""
+import math
 
 import pytest
 
 import lmmetrics
 
 torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 F = torch.nn.functional
 
+try:  # the peer's own window functions
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    HAVE_LM_EVAL = True
+except ImportError:  # a literal copy of lm_eval 0.4.x's algorithm
+    HAVE_LM_EVAL = False
 
-class CountingLM(torch.nn.Module):
-    """A causal toy model: logits at position j depend on tokens 0..j of the
-    window (a decaying sum of embeddings), so context length matters."""
+    def get_rolling_token_windows(token_list, prefix_token, max_seq_len, context_len):
+        assert 1 <= context_len <= max_seq_len
+        if not token_list:
+            return
+        pred_len = max_seq_len - context_len + 1
+        predicted = 0
+        first_seq_len = min(max_seq_len, len(token_list))
+        yield [prefix_token] + token_list[: first_seq_len - 1], token_list[:first_seq_len]
+        predicted += first_seq_len
+        while predicted < len(token_list):
+            window_pred_len = min(len(token_list) - predicted, pred_len)
+            window_end = predicted + window_pred_len
+            yield (token_list[window_end - max_seq_len - 1: window_end - 1],
+                   token_list[window_end - window_pred_len: window_end])
+            predicted += window_pred_len
 
-    def __init__(self, V=50, d=8):
+    def make_disjoint_window(pair):
+        a, b = pair
+        return a[: len(a) - (len(b) - 1)], b
+
+V = 300
+
+
+@pytest.fixture(scope="module")
+def llama():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only loses time to threads
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    yield transformers.LlamaForCausalLM(cfg).float().eval()
+    torch.set_num_threads(threads)
+
+
+def text(n, seed=0):
+    return torch.randint(1, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def lm_eval_rolling(model, ids, max_length, prefix_token, context_len=1):
+    """lm-eval's HFLM.loglikelihood_rolling for one document: disjoint
+    rolling windows; each is scored as _loglikelihood_tokens scores a
+    (context, continuation) pair: the model reads
+    (context + continuation)[-(max_length + 1):][:-1] and the last
+    len(continuation) log-softmax rows give the continuation's log-probs.
+    Returns -log p of each token of ids (float64) and the windows' inputs."""
+    token_list = ids.tolist()
+    out, inputs = [], []
+    for context, cont in map(make_disjoint_window, get_rolling_token_windows(
+            token_list=token_list, prefix_token=prefix_token, max_seq_len=max_length, context_len=context_len)):
+        inp = torch.tensor((context + cont)[-(max_length + 1):][:-1])
+        inputs.append(inp.tolist())
+        with torch.no_grad():
+            logits = model(inp[None]).logits[0]
+        logprobs = F.log_softmax(logits.double(), -1)[len(inp) - len(cont):]
+        out.append(-logprobs.gather(1, torch.tensor(cont)[:, None])[:, 0])
+    nll = torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+    assert nll.shape[0] == len(token_list)  # every token predicted once
+    return nll, inputs
+
+
+def guide_loop(model, encodings, max_length, stride):
+    """The transformers guide's loop, literally (perplexity.md), plus the
+    per-token NLL from the same call's logits (label shift by one, -100
+    ignored). Returns per-token NLL (NaN where never scored), the windows'
+    (begin, loss, scored positions), the guide's ppl and n_tokens."""
+    seq_len = encodings.size(1)
+    per_token = torch.full((seq_len,), float("nan"), dtype=torch.float64)
+    nll_sum, n_tokens, prev_end_loc, windows = 0.0, 0, 0, []
+    for begin_loc in range(0, seq_len, stride):
+        end_loc = min(begin_loc + max_length, seq_len)
+        trg_len = end_loc - prev_end_loc
+        input_ids = encodings[:, begin_loc:end_loc]
+        target_ids = input_ids.clone()
+        target_ids[:, :-trg_len] = -100
+        with torch.no_grad():
+            outputs = model(input_ids, labels=target_ids)
+            neg_log_likelihood = outputs.loss
+        num_valid_tokens = (target_ids != -100).sum().item()
+        batch_size = target_ids.size(0)
+        num_loss_tokens = num_valid_tokens - batch_size
+        nll_sum += neg_log_likelihood * num_loss_tokens
+        n_tokens += num_loss_tokens
+        labels = target_ids[0, 1:]
+        logprobs = F.log_softmax(outputs.logits[0, :-1].double(), -1)
+        scored = (labels != -100).nonzero()[:, 0]
+        per_token[begin_loc + 1 + scored] = -logprobs[scored, labels[scored]]
+        windows.append((begin_loc, float(neg_log_likelihood), (begin_loc + 1 + scored).tolist()))
+        prev_end_loc = end_loc
+        if end_loc == seq_len:
+            break
+    return per_token, windows, math.exp(float(nll_sum) / n_tokens), n_tokens
+
+
+class Recorder(torch.nn.Module):
+    """Wraps a model and records the windows it reads."""
+
+    def __init__(self, model):
         super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(V, d)
-        self.out = torch.nn.Linear(d, V)
-        self.windows = []
+        self.model, self.calls = model, []
 
     def forward(self, x):
-        self.windows.append(x.shape[1])
-        h = self.emb(x)
-        w = 0.7 ** torch.arange(x.shape[1], dtype=h.dtype)
-        acc = torch.stack([(h[:, :j + 1] * w[:j + 1].flip(0)[None, :, None]).sum(1)
-                           for j in range(x.shape[1])], 1)
-        return self.out(acc) * 2
+        self.calls.append(x.clone())
+        return self.model(x)
 
 
-def brute_force_nll(model, ids, max_length, stride):
+def same(got, want, atol=1e-6):
+    assert got.shape == want.shape
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    diff = (got.double()[ok] - want[ok]).abs().max().item() if ok.any() else 0.0
+    assert diff <= atol, diff
+    return diff
+
+
+CASES = [(50, 16, 16), (50, 16, 5), (29, 8, 3), (10, 16, 16), (10, 16, 4), (16, 16, 16),
+         (17, 16, 16), (33, 16, 16), (9, 2, 1)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("n,max_length,stride", CASES)
+def test_lm_eval_rolling_token_for_token(llama, n, max_length, stride, batch_size):
+    ids = text(n, seed=n + max_length)
+    eot = 0
+    want, inputs = lm_eval_rolling(llama, ids, max_length, eot, context_len=max_length - stride + 1)
+    model = Recorder(llama)
+    got = lmmetrics.sliding_window_nll(model, ids, max_length=max_length, stride=stride, convention="lm-eval",
+                                       prefix_token=eot, batch_size=batch_size)
+    same(got, want)
+    # the same windows, batch_size at a time
+    assert sum(c.shape[0] for c in model.calls) == len(inputs)
+    assert all(c.shape[0] <= batch_size for c in model.calls)
+    flat = [row for c in model.calls for row in c]
+    for row, inp in zip(flat, inputs):
+        assert row[:len(inp)].tolist() == inp
+
+
+def test_lm_eval_default_is_disjoint_windows_and_bos_as_prefix(llama):
+    """stride defaults to max_length (lm-eval's context_len=1); without
+    prefix_token the first token is the prefix: the same numbers as lm-eval
+    on ids[1:] with prefix ids[0], and NaN for ids[0]."""
+    ids = text(45, seed=3)
+    want, _ = lm_eval_rolling(llama, ids[1:], 16, int(ids[0]))
+    got = lmmetrics.sliding_window_nll(llama, ids, max_length=16)
+    assert math.isnan(got[0])
+    same(got[1:], want)
+    assert int((~got.isnan()).sum()) == 44
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("n,max_length,stride", CASES)
+def test_hf_guide_token_for_token(llama, n, max_length, stride, batch_size):
+    ids = text(n, seed=n * 7 + stride)
+    want, windows, guide_ppl, guide_n = guide_loop(llama, ids[None], max_length, stride)
+    got = lmmetrics.sliding_window_nll(llama, ids[None], max_length=max_length, stride=stride,
+                                       convention="hf-guide", batch_size=batch_size)
+    same(got, want)
+    # the model's own loss over each window's scored tokens
+    for _, loss, pos in windows:
+        if pos:
+            assert abs(got[pos].double().mean().item() - loss) < 1e-6
+        else:  # a last window of one token: the guide's loss is NaN, and so is its ppl (NaN * 0)
+            assert math.isnan(loss) and math.isnan(guide_ppl)
+    # the tokens the guide never scores: token 0 and, when stride == max_length,
+    # each later window's first token
+    never = {0} | ({b for b, _, _ in windows[1:]} if stride == max_length else set())
+    assert set(torch.isnan(got).nonzero()[:, 0].tolist()) == never
+    # the guide's count is one short per later window when stride < max_length
+    scored = int((~got.isnan()).sum())
+    assert guide_n == scored - (len(windows) - 1 if stride < max_length else 0)
+    if stride == max_length and not math.isnan(guide_ppl):
+        assert abs(guide_ppl - got.double().nanmean().exp().item()) < 1e-5 * guide_ppl
+
+
+def max_context_brute_force(model, ids, max_length, stride):
     """Token by token: the first window ids[b:b+L] (b = 0, stride, ...) with
     b < k <= b + L scores token k from its logits at position k - b - 1."""
     n = ids.shape[0]
-    out = torch.empty(n - 1, dtype=torch.float64)
+    out = torch.full((n,), float("nan"), dtype=torch.float64)
     with torch.no_grad():
         for k in range(1, n):
             b = next(b for b in range(0, n, stride) if b < k <= b + max_length)
-            window = ids[b:min(b + max_length, n)]
-            logits = model(window[None])[0].double()
-            out[k - 1] = F.cross_entropy(logits[k - b - 1:k - b], ids[k:k + 1])
+            logits = model(ids[b:min(b + max_length, n)][None]).logits[0].double()
+            out[k] = F.cross_entropy(logits[k - b - 1:k - b], ids[k:k + 1])
     return out
 
 
-@pytest.mark.parametrize("n,max_length,stride", [(37, 8, 3), (37, 8, 8), (40, 10, 5), (5, 16, 4), (9, 2, 1)])
-def test_each_token_once_with_the_longest_context(n, max_length, stride):
-    model = CountingLM()
-    ids = torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(n))
-    got = lmmetrics.sliding_window_nll(model, ids, max_length=max_length, stride=stride)
-    calls = len(model.windows)
-    want = brute_force_nll(model, ids, max_length, stride)
-    assert got.shape == (n - 1,)
-    assert torch.allclose(got.double(), want, atol=2e-6)
-    assert calls == len(range(0, max(n - 1 - max_length, 0) + stride, stride))
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("n,max_length,stride", [(37, 8, 3), (37, 8, 8), (10, 16, 4), (9, 2, 1)])
+def test_max_context_each_token_once_with_the_longest_context(llama, n, max_length, stride, batch_size):
+    ids = text(n, seed=n)
+    got = lmmetrics.sliding_window_nll(llama, ids, max_length=max_length, stride=stride,
+                                       convention="max-context", batch_size=batch_size)
+    same(got, max_context_brute_force(llama, ids, max_length, stride))
 
 
-def test_stride_equal_to_max_length_is_disjoint_chunks():
-    model = CountingLM()
-    ids = torch.randint(0, 50, (30,), generator=torch.Generator().manual_seed(1))
-    got = lmmetrics.sliding_window_nll(model, ids[None], max_length=10, stride=10)
-    parts = []
-    for a in range(0, 30, 10):
-        chunk = ids[a:a + 10]
-        parts.append(lmmetrics.token_nll(model(chunk[None])[0, :-1], chunk[1:]))
-        if a:  # the first token of a disjoint chunk gets the previous chunk's last logits
-            last = model(ids[a - 10:a][None])[0, -1:]
-            parts[-1] = torch.cat([lmmetrics.token_nll(last, ids[a:a + 1]), parts[-1]])
-    assert torch.allclose(got, torch.cat(parts), atol=1e-6)
-    assert model.windows[:3] == [10, 10, 10]
+def test_conventions_differ_where_documented(llama):
+    """stride == max_length: max-context and lm-eval (prefix = ids[0]) agree
+    on every full window and differ on the last, partial one (lm-eval gives it
+    a full window of context); hf-guide leaves each later window's first
+    token unscored."""
+    ids = text(40, seed=11)
+    lm = lmmetrics.sliding_window_nll(llama, ids, max_length=16, convention="lm-eval")
+    mc = lmmetrics.sliding_window_nll(llama, ids, max_length=16, convention="max-context")
+    hf = lmmetrics.sliding_window_nll(llama, ids, max_length=16, convention="hf-guide")
+    assert torch.allclose(lm[1:33], mc[1:33], atol=1e-6)
+    assert (lm[33:] - mc[33:]).abs().max() > 1e-3
+    assert torch.isnan(hf[[0, 16, 32]]).all() and int(hf.isnan().sum()) == 3
 
 
-def test_argument_errors():
-    model, ids = CountingLM(), torch.arange(10)
+def test_prefix_token_scores_the_first_token(llama):
+    ids = text(20, seed=5)
+    for conv in ("lm-eval", "hf-guide", "max-context"):
+        got = lmmetrics.sliding_window_nll(llama, ids, max_length=8, stride=4, convention=conv, prefix_token=0)
+        assert got.shape == (20,) and not math.isnan(got[0])
+        with torch.no_grad():
+            first = -F.log_softmax(llama(torch.tensor([[0]])).logits[0, 0].double(), -1)[ids[0]]
+        assert abs(got[0].item() - first.item()) < 1e-6
+
+
+def test_short_inputs_and_errors(llama):
+    assert lmmetrics.sliding_window_nll(llama, torch.tensor([5]), max_length=4).isnan().all()
+    assert lmmetrics.sliding_window_nll(llama, torch.zeros(0, dtype=torch.long), max_length=4).shape == (0,)
+    ids = torch.arange(10)
     with pytest.raises(ValueError, match="stride"):
-        lmmetrics.sliding_window_nll(model, ids, max_length=4, stride=5)
+        lmmetrics.sliding_window_nll(llama, ids, max_length=4, stride=5)
     with pytest.raises(ValueError, match="max_length"):
-        lmmetrics.sliding_window_nll(model, ids, max_length=1, stride=1)
+        lmmetrics.sliding_window_nll(llama, ids, max_length=1, stride=1, convention="hf-guide")
     with pytest.raises(ValueError, match="1-D"):
-        lmmetrics.sliding_window_nll(model, torch.zeros(2, 5, dtype=torch.long), max_length=4, stride=2)
+        lmmetrics.sliding_window_nll(llama, torch.zeros(2, 5, dtype=torch.long), max_length=4, stride=2)
+    with pytest.raises(ValueError, match="convention"):
+        lmmetrics.sliding_window_nll(llama, ids, max_length=4, convention="guide")
+    with pytest.raises(ValueError, match="batch_size"):
+        lmmetrics.sliding_window_nll(llama, ids, max_length=4, batch_size=0)

@@ -16,6 +16,7 @@ from ._cuda import set_cuda_chunk_bytes
 from ._version import __version__
 from .comparison import Comparison, Distribution, Estimate, compare
 from .evaluation import Evaluator, Metrics, evaluate, evaluate_bpb
+from .tokens import token_bytes
 from .windows import sliding_window_nll
 from .metrics import (bits_per_byte, bits_per_character, bits_per_token, cross_entropy, kl_divergence,
                       perplexity, token_entropy, token_kl, token_nll)
@@ -26,5 +27,5 @@ __all__ = [
     "__version__", "show_config", "token_nll", "cross_entropy", "perplexity", "bits_per_token",
     "bits_per_byte", "bits_per_character", "token_entropy", "token_kl", "kl_divergence",
     "evaluate", "Evaluator", "Metrics", "evaluate_bpb", "compare", "Comparison", "Estimate",
-    "Distribution", "set_cuda_chunk_bytes", "sliding_window_nll", "convert", "probs",
+    "Distribution", "set_cuda_chunk_bytes", "sliding_window_nll", "token_bytes", "convert", "probs",
 ]

@@ -1,31 +1,145 @@
-"""Strided (sliding-window) evaluation of a long token sequence with a model
-of fixed context length, as in the transformers guide "Perplexity of
-fixed-length models"."""
+"""Per-token NLL of a text longer than a model's context, by windows, in the
+conventions of the numbers people compare against: lm-evaluation-harness's
+rolling log-likelihood, the transformers guide "Perplexity of fixed-length
+models", and the longest context for every token."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 from .metrics import token_nll
 
+CONVENTIONS = ("lm-eval", "hf-guide", "max-context")
 
-def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: int,
-                       num_threads: Optional[int] = None):
-    """Per-token NLL of ``input_ids`` (nats), each token scored once.
+# A window: the model reads seq[a:b]; it scores tokens seq[f:g], token k
+# from the logits at window position k - a - 1.
+_Window = Tuple[int, int, int, int]
 
-    Windows of at most ``max_length`` tokens start every ``stride`` tokens.
-    A window ``ids[b:e]`` predicts tokens b + 1 .. e (its last logits
-    predict the token after it); each window scores only the tokens no
-    earlier window did, so every token after the first is scored exactly
-    once, by the first window that can, which gives it the longest context.
-    ``stride == max_length`` is disjoint chunks (inputs ``ids[b:b+L]``,
-    targets ``ids[b+1:b+L+1]``); a smaller stride gives more context at more
-    cost.
 
-    ``model(window)`` takes a (1, L) tensor of token ids and returns logits
-    (1, L, V), or an object with ``.logits``. ``input_ids`` is a 1-D tensor
-    (or (1, T)). Returns a tensor of length T - 1 whose entry i is the NLL of
-    token i + 1, on the device of the logits: ``nll.mean()`` is the
-    cross-entropy, ``exp`` of it the perplexity.
+def _lm_eval_windows(n: int, max_length: int, stride: int) -> List[_Window]:
+    """lm_eval.utils.get_rolling_token_windows(seq[1:], prefix_token=seq[0],
+    max_seq_len=max_length, context_len=max_length - stride + 1), each made
+    disjoint (make_disjoint_window), as the model reads them: the first window
+    reads seq[0:m] and predicts seq[1:m + 1]; each later one predicts the next
+    ``stride`` (or fewer, at the end) tokens from a full window of
+    ``max_length`` tokens ending just before the last of them."""
+    total = n - 1  # tokens to predict: seq[1:]
+    if total <= 0:
+        return []
+    first = min(max_length, total)
+    out = [(0, first, 1, first + 1)]
+    predicted = first
+    while predicted < total:
+        pred_len = min(total - predicted, stride)
+        end = predicted + pred_len  # in seq[1:] coordinates
+        out.append((end - max_length, end, predicted + 1, end + 1))
+        predicted = end
+    return out
+
+
+def _hf_guide_windows(n: int, max_length: int, stride: int) -> List[_Window]:
+    """The guide's loop: windows seq[begin:end] for begin = 0, stride, ...;
+    the labels before prev_end are -100 and the model's label shift drops the
+    window's first label, so the window scores seq[max(prev_end, begin + 1):end]."""
+    out = []
+    prev_end = 0
+    for begin in range(0, n, stride):
+        end = min(begin + max_length, n)
+        first = max(prev_end, begin + 1)
+        if first < end:
+            out.append((begin, end, first, end))
+        prev_end = end
+        if end == n:
+            break
+    return out
+
+
+def _max_context_windows(n: int, max_length: int, stride: int) -> List[_Window]:
+    """Windows seq[b:b + max_length] for b = 0, stride, ...; a window predicts
+    tokens b + 1 .. b + max_length (its last logits predict the token after
+    it), and each token is scored by the first window that reaches it."""
+    out = []
+    next_tok = 1
+    for begin in range(0, max(n - 1, 0), stride):
+        end = min(begin + max_length, n)
+        first, last = max(next_tok, begin + 1), min(end, n - 1)
+        if first > last:
+            continue
+        out.append((begin, end, first, last + 1))
+        next_tok = last + 1
+        if next_tok == n:
+            break
+    return out
+
+
+_WINDOWS = {"lm-eval": _lm_eval_windows, "hf-guide": _hf_guide_windows,
+            "max-context": _max_context_windows}
+
+
+def _positive_int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return v
+
+
+def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = None,
+                       convention: str = "lm-eval", prefix_token: Optional[int] = None,
+                       batch_size: int = 1, num_threads: Optional[int] = None):
+    """Per-token NLL (nats) of a long ``input_ids`` scored by windows of at
+    most ``max_length`` tokens.
+
+    Returns a float tensor of length T = len(input_ids) on the logits'
+    device: entry ``i`` is the NLL of ``input_ids[i]``, NaN where the
+    convention does not score that token. So ``nll.nansum()`` is the summed
+    NLL, ``(~nll.isnan()).sum()`` the number of scored tokens,
+    ``nll.nanmean()`` the cross-entropy and ``exp`` of it the perplexity.
+
+    ``prefix_token`` (lm-eval's EOT or BOS id) is put before ``input_ids``
+    so that their first token can be scored too; without it ``input_ids[0]``
+    is context only (NaN). The conventions, with S = the (prefixed) sequence:
+
+    ``"lm-eval"`` (default): lm-evaluation-harness's ``loglikelihood_rolling``
+        token for token (``get_rolling_token_windows`` + ``make_disjoint_window``
+        with ``prefix_token=S[0]`` and ``context_len=1``): the first window
+        reads S[0:L] and scores S[1:L+1]; each later window scores the next
+        ``stride`` tokens (``stride`` defaults to ``max_length``, lm-eval's
+        disjoint windows; a smaller one is lm-eval's ``context_len = L -
+        stride + 1``) from a full window of L tokens ending just before its
+        last target, so the last, partial window still gets L tokens of
+        context. Every token of S after the first is scored once. With
+        ``prefix_token`` and text tokenized without BOS this is what lm-eval
+        computes for a document (its log-likelihood is ``-nll.sum()``); text
+        that already starts with BOS gives the same numbers without
+        ``prefix_token`` (BOS is then the prefix).
+    ``"hf-guide"``: the transformers guide's loop token for token: windows
+        S[begin:end], begin = 0, stride, ..., end = min(begin + L, len(S)),
+        until one reaches the end; labels before the previous window's end are
+        -100, and the model's internal label shift drops the window's first
+        label. So token 0 is never scored, with ``stride == max_length`` the
+        first token of every later window is never scored (NaN here), and with
+        ``stride < max_length`` the token at the previous window's end is
+        scored from this window with L - stride tokens of context. The
+        guide's own count is off by one: it subtracts one label per window
+        for the shift (``num_loss_tokens = num_valid_tokens - batch_size``),
+        but when stride < max_length the shifted-out label of every later
+        window was already -100, so each such window scores ``trg_len``
+        tokens while its mean loss is weighted by ``trg_len - 1``; its
+        ``exp(nll_sum / n_tokens)`` therefore differs slightly from
+        ``exp(nll.nanmean())`` (the mean over the tokens actually scored).
+    ``"max-context"``: windows S[b:b+L], b = 0, stride, ...; a window's logits
+        predict the tokens after each of its positions, the last one the token
+        after the window, and each token is scored by the first window that
+        reaches it (the longest context that schedule offers). Every token
+        after S[0] is scored once; ``stride == max_length`` is disjoint chunks
+        whose first token is predicted by the previous chunk's last logits.
+
+    ``model(windows)`` takes a (B, L) tensor of token ids on ``input_ids``'
+    device and returns logits (B, L, V), or an object with ``.logits`` (a
+    transformers model). Windows run ``batch_size`` at a time; only the last
+    window can be shorter than the others, and in a batch it is padded on
+    the right, which a causal model's logits at the real positions do not
+    see. The result does not depend on ``batch_size`` (beyond the model's
+    own floating-point differences between batch shapes). ``input_ids`` is
+    1-D or (1, T); the model is called under ``torch.no_grad()``.
     """
     import torch
 
@@ -34,31 +148,51 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: i
         ids = ids[0]
     if ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}")
-    for name, v in (("max_length", max_length), ("stride", stride)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if max_length < 2:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    _positive_int("max_length", max_length)
+    stride = max_length if stride is None else _positive_int("stride", stride)
+    _positive_int("batch_size", batch_size)
+    if max_length < 2 and convention != "lm-eval":
         raise ValueError("max_length must be at least 2 (a window scores tokens after its first)")
     if stride > max_length:
         raise ValueError(f"stride ({stride}) must not exceed max_length ({max_length}): "
                          f"tokens between windows would not be scored")
-    n = ids.shape[0]
-    parts = []
-    next_tok = 1  # the first token not yet scored
+    if prefix_token is not None:
+        prefix = torch.tensor([int(prefix_token)], dtype=ids.dtype, device=ids.device)
+        seq = torch.cat([prefix, ids])
+    else:
+        seq = ids
+    shift = 0 if prefix_token is None else 1  # seq[k] is input_ids[k - shift]
+    n, T = seq.shape[0], ids.shape[0]
+    windows = _WINDOWS[convention](n, max_length, stride)
+    seq_cpu = seq.to("cpu", torch.long)
+
+    out = None
     with torch.no_grad():
-        for begin in range(0, max(n - 1, 0), stride):
-            end = min(begin + max_length, n)
-            first, last = max(next_tok, begin + 1), min(end, n - 1)  # tokens to score
-            if first > last:
-                continue
-            out = model(ids[begin:end].unsqueeze(0))
-            logits = getattr(out, "logits", out)
-            # token k is predicted by the logits at window position k - begin - 1
-            rows = logits[0, first - begin - 1:last - begin]
-            parts.append(token_nll(rows, ids[first:last + 1].to(rows.device), num_threads=num_threads))
-            next_tok = last + 1
-            if next_tok == n:
-                break
-    if not parts:
-        return torch.zeros(0, dtype=torch.float32)
-    return torch.cat(parts)
+        for s in range(0, len(windows), batch_size):
+            batch = windows[s:s + batch_size]
+            width = max(b - a for a, b, _, _ in batch)
+            rows = []
+            for a, b, _, _ in batch:
+                w = seq[a:b]
+                if b - a < width:  # right padding, after every scored position
+                    w = torch.cat([w, w[-1:].expand(width - (b - a))])
+                rows.append(w)
+            res = model(torch.stack(rows))
+            logits = getattr(res, "logits", res)
+            if logits.dim() != 3 or logits.shape[:2] != (len(batch), width):
+                raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
+                                 f"windows of shape {(len(batch), width)}; expected (B, L, V)")
+            # targets laid out like the logits: window position j predicts seq[a + j + 1]
+            targets = torch.full((len(batch), width), -100, dtype=torch.long)
+            for i, (a, b, f, g) in enumerate(batch):
+                targets[i, f - a - 1:g - a - 1] = seq_cpu[f:g]
+            per_pos = token_nll(logits, targets.to(logits.device), num_threads=num_threads)
+            if out is None:
+                out = torch.full((T,), float("nan"), dtype=per_pos.dtype, device=per_pos.device)
+            for i, (a, b, f, g) in enumerate(batch):
+                out[f - shift:g - shift] = per_pos[i, f - a - 1:g - a - 1]
+    if out is None:
+        return torch.full((T,), float("nan"), dtype=torch.float32)
+    return out

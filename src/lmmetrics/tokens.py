@@ -1,0 +1,178 @@
+"""The UTF-8 byte length of every token of a tokenizer's vocabulary, for bits
+per byte: ``token_bytes(tokenizer)[ids].sum()`` is the number of bytes of the
+text ``ids`` encode."""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any, Dict, Iterable, Optional
+
+import numpy as np
+
+_BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+_SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's whitespace
+
+
+@lru_cache(maxsize=1)
+def _byte_level_decoder() -> Dict[str, int]:
+    """The inverse of GPT-2's ``bytes_to_unicode``: the printable character
+    a byte-level BPE vocabulary writes for each byte, back to the byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _utf8_len(s: str) -> int:
+    return len(s.encode("utf-8"))
+
+
+def _types(node: Any) -> set:
+    """Every component "type" in a tokenizers JSON subtree (Sequence nests)."""
+    out = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("type"), str):
+            out.add(node["type"])
+        for v in node.values():
+            out |= _types(v)
+    elif isinstance(node, list):
+        for v in node:
+            out |= _types(v)
+    return out
+
+
+def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> np.ndarray:
+    """A ``tokenizers.Tokenizer``: the scheme comes from its decoder and
+    pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
+    the token text as is)."""
+    spec = json.loads(tok.to_str())
+    kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer"))
+    model = spec.get("model") or {}
+    byte_level = "ByteLevel" in kinds
+    byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
+    spiece = (byte_fallback or "Metaspace" in kinds
+              or _SPIECE_SPACE in json.dumps(spec.get("decoder"), ensure_ascii=False))
+    wordpiece_prefix = None
+    if spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
+        wordpiece_prefix = spec["decoder"].get("prefix", "##")
+
+    added = tok.get_added_tokens_decoder()  # {id: AddedToken}
+    vocab = tok.get_vocab(with_added_tokens=False)
+    n = max([size_hint, tok.get_vocab_size(with_added_tokens=True)] +
+            [i + 1 for i in vocab.values()] + [i + 1 for i in added])
+    out = np.zeros(n, np.int64)
+    bd = _byte_level_decoder() if byte_level else None
+    for piece, i in vocab.items():
+        if bd is not None:
+            out[i] = sum(1 if ch in bd else _utf8_len(ch) for ch in piece)
+        elif byte_fallback and _BYTE_PIECE.match(piece):
+            out[i] = 1
+        elif spiece:
+            out[i] = _utf8_len(piece.replace(_SPIECE_SPACE, " "))
+        elif wordpiece_prefix and piece.startswith(wordpiece_prefix):
+            out[i] = _utf8_len(piece[len(wordpiece_prefix):])
+        else:
+            out[i] = _utf8_len(piece)
+    for i, t in added.items():  # added tokens match (and decode to) their own text
+        out[i] = 0 if t.special else _utf8_len(t.content)
+    for i in special_ids:
+        if 0 <= i < n:
+            out[i] = 0
+    return out
+
+
+def _from_sentencepiece(sp: Any, size_hint: int) -> np.ndarray:
+    """A ``sentencepiece.SentencePieceProcessor``: byte pieces ``<0xAB>`` are
+    one byte, ``▁`` a space; control, unknown and unused pieces 0."""
+    n = sp.get_piece_size()
+    out = np.zeros(max(n, size_hint), np.int64)
+    for i in range(n):
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+            continue
+        out[i] = 1 if sp.is_byte(i) else _utf8_len(sp.id_to_piece(i).replace(_SPIECE_SPACE, " "))
+    return out
+
+
+def _from_tiktoken(enc: Any) -> np.ndarray:
+    n = int(enc.n_vocab)
+    out = np.zeros(n, np.int64)
+    special = set(getattr(enc, "_special_tokens", {}).values())
+    for s in getattr(enc, "special_tokens_set", ()):
+        special.add(enc.encode_single_token(s))
+    for i in range(n):
+        if i in special:
+            continue
+        try:
+            out[i] = len(enc.decode_single_token_bytes(i))
+        except KeyError:  # a gap in the ids
+            pass
+    return out
+
+
+def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> np.ndarray:
+    """``out[v]`` = the number of UTF-8 bytes token ``v`` stands for; 0 for
+    special and control tokens (BOS, EOS, pad, unknown), nanochat's
+    convention. An int64 numpy array of length V: ``len(tokenizer)`` (the
+    vocabulary with added tokens), or ``size`` when given (the model's logits
+    width, often padded past the tokenizer; the extra ids get 0).
+
+    Supported, each by the bytes the tokenizer itself maps a token to, not by
+    decoding tokens one at a time (a byte-level token holding part of a UTF-8
+    character decodes alone to U+FFFD, 3 bytes):
+
+    * transformers tokenizers backed by ``tokenizers`` (``PreTrainedTokenizerFast``,
+      ``TokenizersBackend``) and raw ``tokenizers.Tokenizer``: byte-level BPE
+      (GPT-2, Llama 3, Qwen: each character of a token is one byte through the
+      inverse of GPT-2's ``bytes_to_unicode``); SentencePiece-style
+      vocabularies (Llama 2, Mistral, Gemma: ``<0xAB>`` byte-fallback tokens
+      are one byte, ``▁`` is a space); WordPiece's ``##`` prefix is dropped;
+      any other token counts the UTF-8 bytes of its text. Added tokens that
+      are not special count their text.
+    * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
+      wrapping one (``sp_model``).
+    * tiktoken ``Encoding`` (``decode_single_token_bytes``).
+
+    The sum over an encoding is the byte length of the text the tokenizer
+    actually encoded: SentencePiece's dummy prefix (``add_dummy_prefix``, or
+    Metaspace's ``prepend_scheme="first"``) adds a ``▁`` the text did not
+    have (one byte more per encoded text), and a normalizer that rewrites the
+    text (NFKC, collapsing spaces) changes its byte count.
+    """
+    special: set = set()
+    size_hint = 0
+    if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "n_vocab"):
+        out = _from_tiktoken(tokenizer)
+    else:
+        if hasattr(tokenizer, "all_special_ids"):  # transformers
+            special = {int(i) for i in tokenizer.all_special_ids if i is not None}
+            size_hint = len(tokenizer)
+        if hasattr(tokenizer, "backend_tokenizer"):
+            out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
+        elif hasattr(tokenizer, "sp_model"):
+            out = _from_sentencepiece(tokenizer.sp_model, size_hint)
+            for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items():
+                if i < out.shape[0]:
+                    out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
+        elif hasattr(tokenizer, "is_byte") and hasattr(tokenizer, "id_to_piece"):
+            out = _from_sentencepiece(tokenizer, 0)
+        elif hasattr(tokenizer, "to_str") and hasattr(tokenizer, "get_added_tokens_decoder"):
+            out = _from_tokenizers(tokenizer, special, 0)
+        else:
+            raise TypeError(
+                f"token_bytes: unsupported tokenizer {type(tokenizer).__name__}; expected a transformers "
+                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor or a tiktoken Encoding")
+        for i in special:
+            if 0 <= i < out.shape[0]:
+                out[i] = 0
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < out.shape[0]:
+            raise ValueError(f"size must be an integer >= the tokenizer's vocabulary ({out.shape[0]}), got {size!r}")
+        out = np.concatenate([out, np.zeros(size - out.shape[0], np.int64)])
+    return out

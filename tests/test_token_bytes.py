@@ -1,0 +1,183 @@
+"""token_bytes: summed over a tokenizer's own encoding of a text, the token
+byte lengths give the text's UTF-8 length, for tokenizers trained here:
+byte-level BPE (tokenizers, raw and wrapped by transformers) and
+SentencePiece BPE with byte fallback (sentencepiece, and a transformers
+tokenizer over the same vocabulary); tiktoken when installed."""
+import io
+
+import numpy as np
+import pytest
+
+import lmmetrics
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "naïve café 日本語 🙂",
+    "Ünïcödé façade — Здравствуй, мир! مرحبا بالعالم",
+    "中文字符与한국어 mixed with ελληνικά and emoji 👍🏽🎉 (not in the corpus)",
+    "tabs\tand\nnewlines  and   runs of spaces, digits 12345 and ½ ¾ ∑ ∞",
+]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog, again and again.",
+    "naïve café résumé coöperate Ünïcödé façade",
+    "日本語のテキスト、そして中文。",
+    "Здравствуй, мир! Привет всем.",
+    "مرحبا بالعالم",
+    "hello world, this is a small corpus for a small tokenizer 0123456789",
+] * 40
+
+
+def utf8(text):
+    return len(text.encode("utf-8"))
+
+
+# ----------------------------------------------------------------- byte-level BPE (tokenizers)
+
+@pytest.fixture(scope="module", params=["gpt2", "llama3"])
+def byte_level(request):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    if request.param == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:  # Llama 3: a regex split, then byte-level without its own regex
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(r"\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+|\s+"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|pad|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_byte_level_bpe_raw_tokenizer(byte_level, text):
+    table = lmmetrics.token_bytes(byte_level)
+    assert table.dtype == np.int64 and table.shape == (byte_level.get_vocab_size(with_added_tokens=True),)
+    ids = byte_level.encode(text).ids
+    assert byte_level.decode(ids) == text  # the tokenizer round-trips the text
+    assert table[ids].sum() == utf8(text)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_byte_level_bpe_transformers(byte_level, text):
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level.__class__.from_str(byte_level.to_str()),
+                                               bos_token="<|endoftext|>", pad_token="<|pad|>")
+    tok.add_tokens(["<tag>"])  # an added, non-special token counts its text
+    table = lmmetrics.token_bytes(tok)
+    assert table.shape == (len(tok),)
+    assert table[tok.convert_tokens_to_ids(["<|endoftext|>", "<|pad|>"])].tolist() == [0, 0]
+    text = f"{text} <tag> end"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.convert_tokens_to_ids("<tag>") in ids
+    assert table[ids].sum() == utf8(text)
+    # special tokens in the ids count no bytes
+    assert table[[tok.bos_token_id] + ids + [tok.pad_token_id]].sum() == utf8(text)
+
+
+def test_the_decode_recipe_is_wrong_for_byte_level(byte_level):
+    """One token at a time, a token holding part of a character decodes to
+    U+FFFD: the old README recipe overcounts."""
+    text = "naïve café 日本語 🙂"
+    ids = byte_level.encode(text).ids
+    recipe = sum(utf8(byte_level.decode([i])) for i in ids)
+    assert recipe != utf8(text)
+    assert lmmetrics.token_bytes(byte_level)[ids].sum() == utf8(text) == 27
+
+
+# ----------------------------------------------------------------- SentencePiece with byte fallback
+
+def train_sentencepiece(**extra):
+    spm = pytest.importorskip("sentencepiece")
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_writer=buf, vocab_size=400, model_type="bpe",
+        byte_fallback=True, character_coverage=0.98, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, minloglevel=2, num_threads=1, **extra)
+    return spm.SentencePieceProcessor(model_proto=buf.getvalue())
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return train_sentencepiece(add_dummy_prefix=False)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_sentencepiece_byte_fallback(sp, text):
+    table = lmmetrics.token_bytes(sp)
+    assert table.shape == (sp.get_piece_size(),)
+    assert table[[sp.bos_id(), sp.eos_id(), sp.unk_id()]].tolist() == [0, 0, 0]
+    ids = sp.encode(text)
+    assert sp.decode(ids) == text and sp.unk_id() not in ids
+    assert any(sp.is_byte(i) for i in ids) or text.isascii()
+    assert table[ids].sum() == utf8(text)
+    assert table[[sp.bos_id()] + ids + [sp.eos_id()]].sum() == utf8(text)
+
+
+def test_sentencepiece_dummy_prefix_is_one_byte_more():
+    """With add_dummy_prefix (SentencePiece's default) the encoding starts
+    with a ▁ the text does not have: one byte more, as documented."""
+    sp = train_sentencepiece()
+    table = lmmetrics.token_bytes(sp)
+    for text in TEXTS:
+        assert table[sp.encode(text)].sum() == utf8(text) + 1
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_transformers_over_a_sentencepiece_vocabulary(sp, text):
+    """A Llama-2-style transformers tokenizer (BPE with byte fallback,
+    Metaspace, ByteFallback decoder) over the SentencePiece vocabulary, and
+    transformers' own SentencePiece wrapper."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.tokenization_utils_base import generate_merges
+
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    fast = transformers.LlamaTokenizer(vocab=vocab, merges=generate_merges(vocab), add_prefix_space=False)
+    ids = fast.encode(text, add_special_tokens=False)
+    assert ids == sp.encode(text)  # the same tokenizer
+    table = lmmetrics.token_bytes(fast)
+    assert table.shape == (len(fast),)
+    assert table[ids].sum() == utf8(text)
+    assert table[[fast.bos_token_id, fast.eos_token_id]].sum() == 0
+    np.testing.assert_array_equal(table, lmmetrics.token_bytes(sp))
+
+
+def test_transformers_sentencepiece_backend(sp, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    backend = getattr(transformers, "SentencePieceBackend", None)
+    if backend is None:
+        pytest.skip("no transformers.SentencePieceBackend")
+    path = tmp_path / "sp.model"
+    path.write_bytes(sp.serialized_model_proto())
+    tok = backend(vocab_file=str(path))
+    table = lmmetrics.token_bytes(tok)
+    assert table.shape == (len(tok),)
+    for text in TEXTS:
+        assert table[sp.encode(text)].sum() == utf8(text)
+
+
+# ----------------------------------------------------------------- tiktoken, sizes, errors
+
+def test_tiktoken_encoding():
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([b]): b for b in range(256)}
+    for piece in (b"th", b"the", b" the", b"\xc3\xa9", b"\xe6\x97", b"ca", b"caf"):
+        ranks[piece] = len(ranks)
+    enc = tiktoken.Encoding("local", pat_str=r"""\s?\S+|\s+""", mergeable_ranks=ranks,
+                            special_tokens={"<|eot|>": len(ranks)})
+    table = lmmetrics.token_bytes(enc)
+    assert table.shape == (enc.n_vocab,) and table[enc.eot_token] == 0
+    for text in TEXTS:
+        assert table[enc.encode(text)].sum() == utf8(text)
+
+
+def test_size_and_errors(sp):
+    table = lmmetrics.token_bytes(sp, size=512)
+    assert table.shape == (512,) and not table[sp.get_piece_size():].any()
+    with pytest.raises(ValueError, match="size"):
+        lmmetrics.token_bytes(sp, size=10)
+    with pytest.raises(TypeError, match="unsupported tokenizer"):
+        lmmetrics.token_bytes(object())
