@@ -1,58 +1,81 @@
 /* The one kernel body: a segment of a row (or of a row pair, for KL) in one
- * pass over memory. Included once per (ISA, dtype) by lm_instantiate.h after
- * an lm_simd_*.h header has defined the vector primitives:
- *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma (fused), v_max,
- *   v_abs, v_copysign, v_scale, v_pow2q, v_sel_n0, v_zero_below, v_any_eq,
- *   v_store, v_loadu,
- * and the dtype macros:
- *   LM_ELEM (storage type), LM_ELEM_NEGINF,
+ * pass over memory. lm_instantiate.h includes it once per (ISA, dtype),
+ * after an lm_simd_*.h header has defined the vector primitives
+ *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma (fused),
+ *   v_max, v_abs, v_copysign, v_scale, v_pow2q, v_sel_n0, v_zero_below,
+ *   v_any_eq, v_store, v_loadu  (and optionally VI16 and v_imax16*),
+ * and the dtype macros
+ *   LM_ELEM            the storage type, LM_ELEM_NEGINF its -inf,
  *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
- *   LM_LANE_ELEM(k)    element offset of position k in [a lanes, b lanes],
- *   LM_FN(name)        the name of this instantiation's function.
+ *   LM_LANE_ELEM(k)    the element offset of lane position k in [a, b],
+ *   LM_FN(name)        this instantiation's name for `name`.
  *
- * The pass walks the segment in blocks and reads each element once: one
- * loop takes a block's max and its sum of exp(z - shift), the shift a
- * multiple of ln 2 at or above the max of the blocks before (the first
- * block's max is taken alone first). A block whose max passes the max
- * before it by more than LM_HEAD is done again, from L1, against its own;
- * with real and random logits that is a block or two a row. The exp
- * folds the shift into its range reduction (expq_), so a term costs a
- * clamp, two fused multiply-adds and a subtraction, a polynomial (a cubic
- * with AVX2's 4-entry table, a quadratic with the 32-entry table of
- * AVX-512 and the portable path), a table lookup and the fused add into
- * the sum. 16-bit blocks take their max on the raw bits where the ISA has
- * a 16-bit integer max that pays (AVX-512BW). Float lane accumulators are
- * flushed to double once per block.
+ * How the pass works, and why each trick is exact enough, is in
+ * lmmetrics_c/README.md; the sections named [README: ...] below point to
+ * its paragraphs. In short: the segment is walked in blocks; one loop takes
+ * a block's max and its sums of exp(z - shift), the shift a multiple of
+ * ln 2 at or above the max of the blocks before; a block whose max passes
+ * the max before it by more than LM_HEAD is done again, from L1, against
+ * the new shift [README: the pass]. Float lane sums are flushed to double
+ * once per block.
  */
 
 #define LM_STEP (2 * VW)
-/* block length: at most 4096 elements and 128 terms per float lane
- * accumulator, 64 in the KL pass (longer float sums cost accuracy) */
+/* block length: at most LM_BLOCK elements and 128 terms per float lane
+ * sum, 64 in the KL pass [README: accuracy] */
 #define LM_BLK (64 * LM_STEP < LM_BLOCK ? 64 * LM_STEP : LM_BLOCK)
 
 #ifndef LM_BODY_ONCE
 #define LM_BODY_ONCE
-#define LM_CAT_(a, b) a##b
-#define LM_CAT(a, b) LM_CAT_(a, b)
+#ifndef LM_INLINE
 #define LM_INLINE static inline __attribute__((always_inline))
 #endif
 
-#define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
+/* One side's running state in a segment (the model's logits, or the
+ * reference's). */
+typedef struct {
+    double max;    /* the max so far; -inf before any value above -inf */
+    double shift;  /* the sums are of e = exp(z - shift); -inf likewise */
+    double sum;    /* sum e */
+    double dsum;   /* sum e (z - shift) (the model side, for entropy) */
+    int64_t block; /* the block of the last rise of max (the argmax is there) */
+} lm_side;
 
-#ifdef LM_LIBM_EXP
+/* Move a side's sums to the shift `to` (above its shift): each e becomes
+ * a e, a = exp(shift - to), and each (z - shift) drops by (to - shift);
+ * *wsum, a sum of e times such a difference, follows. */
+LM_INLINE void lm_reshift(lm_side *sd, double *wsum, double to) {
+    if (sd->sum != 0.0) {
+        double a = exp(sd->shift - to);
+        if (wsum) *wsum = a * (*wsum + (sd->shift - to) * sd->sum);
+        sd->sum *= a;
+    }
+    sd->shift = to;
+}
+
+/* the shift a block is computed against: 0 while a side has none (its
+ * sums are then dropped; the pass still looks for NaN) */
+LM_INLINE double lm_effective(double shift) { return shift == -INFINITY ? 0.0 : shift; }
+#endif /* LM_BODY_ONCE */
+
+/* ------------------------------------------------------------ exp, softcap */
+
+#ifdef LM_LIBM_EXP /* float64 lanes: libm [README: float64] */
 #define LM_EXP_LO (-746.0)
-LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return c * tanh(x / c); }
-/* e^(z - shift) = p * sc for z in [shift + LM_EXP_LO, shift + LM_HEAD] */
-LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) { (void)c1; *sc = 1.0; return exp(z - sh); }
+LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return lm_softcap(x, c); }
+/* e^(z - shift) = p * sc */
+LM_INLINE VF LM_FN(expq_)(VF z, VF shift, VF *sc) { *sc = 1.0; return exp(z - shift); }
+/* the lane value of expq_'s second argument for a shift */
+LM_INLINE VF LM_FN(expq_arg_)(double shift) { return shift; }
 #else
 #define LM_EXP_LO (-86.0f)
-#define LM_MAGIC 12582912.0f /* 1.5 * 2^23: t = x / ln2 + MAGIC holds round(x / ln2) in its low bits */
-/* e^r = 1 + r + r^2 * D(r), D = c2 + c3 r + c4 r^2 + c5 r^3 (degree-5
+/* e^r = 1 + r + r^2 D(r), D = c2 + c3 r + c4 r^2 + c5 r^3 (degree-5
  * polynomial, max 2.4 ulp for exp), by Estrin's scheme. Used by the
  * softcap's expm1, which needs the whole range [-ln2/2, ln2/2] for r. */
-#define LM_EXP_D(r, r2)                                                        \
-    v_fma(v_fma(v_set1(0.008312525227665901f), r, v_set1(0.041890114545822144f)), r2, \
-          v_fma(v_set1(0.16667114198207855f), r, v_set1(0.499992311000824f)))
+LM_INLINE VF LM_FN(exp_d_)(VF r, VF r2) {
+    return v_fma(v_fma(v_set1(0.008312525227665901f), r, v_set1(0.041890114545822144f)), r2,
+                 v_fma(v_set1(0.16667114198207855f), r, v_set1(0.499992311000824f)));
+}
 /* Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, for x in
  * [LM_EXP_LO, 0]: sets t (n in its low bits), r and r^2, returns D(r), so
  * that e^r = 1 + r + r^2 D(r). */
@@ -60,10 +83,11 @@ LM_INLINE VF LM_FN(reduce_)(VF x, VF *t, VF *r, VF *r2) {
     *t = v_fma(x, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
     *r = v_fma(v_sub(*t, v_set1(LM_MAGIC)), v_set1(-0.69314718055994531f), x);
     *r2 = v_mul(*r, *r);
-    return LM_EXP_D(*r, *r2);
+    return LM_FN(exp_d_)(*r, *r2);
 }
-/* softcap: c * tanh(x / c) = sign(x) * c * (-em1 / (2 + em1)),
- * em1 = expm1(-2|x|/c), accurate near 0 (for n == 0 em1 is q itself). */
+/* softcap: c tanh(x / c) = sign(x) c (-em1 / (2 + em1)), em1 =
+ * expm1(-2|x|/c), accurate near 0 (for n == 0 em1 is q itself)
+ * [README: softcap]. */
 LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
     VF y = v_max(v_set1(LM_EXP_LO), v_mul(v_abs(v_mul(x, ic)), v_set1(-2.0f)));
     VF t, r, r2, d = LM_FN(reduce_)(y, &t, &r, &r2);
@@ -73,21 +97,18 @@ LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
     VF tnh = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
     return v_copysign(v_mul(tnh, c), x);
 }
-/* The sums' exp: e^(z - K ln2f) = p * sc, ln2f = ln 2 rounded to float,
- * for z in [shift + LM_EXP_LO, shift + LM_HEAD], shift = K ln2f, with no
- * subtraction of the shift. With Q = 2^LM_QBITS table entries (the ISA's
- * choice) and c1 = MAGIC - QK, t = Q z / ln2 + c1 holds N - QK in its low
- * bits, N = round(Q z / ln2); then z - K ln2f = r + (N - QK) ln2f / Q with
- * r = z - N ln2f / Q (one fused rounding, |r| <= ln2 / 2Q): e^r by a
- * polynomial, and sc = 2^((N - QK) / Q) from the table and the exponent
- * field (v_pow2q). Q = 4: a cubic (3e-7 relative); Q = 32: a quadratic
- * (5e-8). ln2f's error, (N - QK) * 1.9e-9 / Q relative, is nil near the
- * maximum, where the terms that count are. NaN in z gives a NaN p. */
+/* The sums' exp [README: the exp]: e^(z - K ln2f) = p * sc for z in
+ * [shift + LM_EXP_LO, shift + LM_HEAD], shift = K ln2f, with no subtraction
+ * of the shift: c1 = MAGIC - QK (expq_arg_), t = Q z / ln2 + c1 holds
+ * N - QK in its low bits, N = round(Q z / ln2); r = z - N ln2f / Q (one
+ * fused rounding, |r| <= ln2 / 2Q); e^r by a polynomial and sc =
+ * 2^((N - QK) / Q) from the table and the exponent field (v_pow2q).
+ * Q = 2^LM_QBITS (the ISA's choice): 4, a cubic (3e-7 relative); 32, a
+ * quadratic (5e-8). NaN in z gives a NaN p. */
 #define LM_Q (1 << LM_QBITS)
-LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) {
+LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF *sc) {
     VF t = v_fma(z, v_set1(LM_Q * 1.44269504088896341f), c1); /* Q / ln 2 */
     VF r = v_fma(v_sub(t, c1), v_set1(-LM_LN2F / LM_Q), z);    /* ln2f / Q, exact */
-    (void)sh;
     *sc = v_pow2q(t);
 #if LM_QBITS >= 5
     return v_fma(v_fma(v_set1(0.4999963045120239f), r, v_set1(1.0000146627426147f)), r,
@@ -98,28 +119,30 @@ LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF sh, VF *sc) {
                  r, v_set1(0.9999997019767761f));
 #endif
 }
+LM_INLINE VF LM_FN(expq_arg_)(double shift) {
+    return v_set1(LM_MAGIC - (float)(LM_Q * shift / LM_LN2F));
+}
 #endif
-/* A block whose max passes the max before it (or the shift) by more than
- * this is done again against the new max and shift: terms then stay
- * below max + 1, within the exp's range, and the sums of e (z - max)
- * (entropy, KL) keep float accuracy, the terms that count having
- * z - max small. Every mode redoes the same blocks (same sums). */
+
+/* A block whose max passes the max before it by more than this is done
+ * again against the new shift [README: the redo rule]. */
 #define LM_HEAD 1.0
 /* |K| bound for c1 = MAGIC - QK to stay exact: rows whose maxima pass
  * +-2^21 ln2 / Q (3.6e5 for Q = 4, 4.5e4 for Q = 32) take the exact path. */
 #define LM_KMAX (2097152.0 / LM_Q)
 /* With libm's exp (float64 lanes) the shift is the max itself; rows whose
- * maxima pass +-2^50 take the exact path (beyond, the clamp MS + LM_EXP_LO
- * would round to MS and every term count as the max's). */
+ * maxima pass +-2^50 take the exact path (beyond, the clamp shift +
+ * LM_EXP_LO would round to the shift and every term count as the max's). */
 #define LM_LIBM_MAX 1125899906842624.0
-/* The KL cross term adds e_r d, d = (r - rms) - (z - ms), both unclamped.
- * A lane whose r lies below the clamp (RMS + LM_EXP_LO: e_r under the float
- * range, or a mask such as finfo.min) adds nothing: its true e_r d is below
- * exp(LM_EXP_LO) |d|, nil while |d| <= LM_CROSS_BIG. A block where some d
- * passes LM_CROSS_BIG (the model masks, with -inf or a finite value, where
- * the reference does not) sends the row to the exact path, which also keeps
- * the float sums of e_r d from overflowing. */
+/* The KL cross term adds e_r d, d = (r - ref max) - (z - max), both
+ * unclamped [README: the cross term]. A lane whose r lies below the clamp
+ * adds nothing: its true e_r d is below exp(LM_EXP_LO) |d|, nil while
+ * |d| <= LM_CROSS_BIG. A block where some d passes LM_CROSS_BIG (the model
+ * masks, with -inf or a finite value, where the reference does not) sends
+ * the row to the exact path, which also keeps float sums from overflowing. */
 #define LM_CROSS_BIG 1e20
+
+/* ---------------------------------------------------------------- loading */
 
 /* How stored elements become lane values: the softcap c tanh(z / c) when
  * it is on and, in the tail (valid < LM_STEP real elements, the rest
@@ -154,6 +177,8 @@ LM_INLINE void LM_FN(load_)(const LM_ELEM *p, const LM_FN(loader_t) ld, VF *a, V
         if (ld.valid < LM_STEP) LM_FN(unpad_)(a, b, ld.valid);
     }
 }
+
+/* ------------------------------------------------------ maxima, argmax */
 
 LM_INLINE LANE_T LM_FN(hmax_)(VF v) {
     LANE_T tmp[VW], m;
@@ -222,64 +247,81 @@ LM_INLINE LANE_T LM_FN(rawmax_)(VI16 acc, const LM_ELEM *z, int64_t len) {
 #define LM_RAWMAX 0
 #endif
 
-/* What one block gives, in double: sums against the shifts (MS, RMS) it
- * was given, and its maxima. */
-typedef struct { double s, t, rs, c; LANE_T zmax, rmax; int nan, cross_big; } LM_FN(acc_);
+/* ------------------------------------------------------------- one block */
 
-/* One block in one pass: the maxima of (z, r)[0, len) and sum e (z - MS),
- * e = exp(z - MS), against shifts (MS, RMS) chosen before (finite, each
- * a multiple of ln2f), prefetching pf[0, len) (the data a few blocks on).
- * The lanes form d = z - ms against lane values (ms, rms), the maxima so
- * far (a one-hot row's d is then 0), and move the sums to the shifts.
- * Terms are clamped to exp(LM_EXP_LO) below the shift; the caller does
- * the block again if its maxima pass the maxima before by more than LM_HEAD. */
-LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
-                              const char *pf, double MS, double RMS, LANE_T ms, LANE_T rms,
-                              const int ent, const int ref, const LM_FN(loader_t) ld,
-                              LM_FN(acc_) *out) {
+/* What a block's terms need: per side the clamp (shift + LM_EXP_LO),
+ * expq_'s argument for the shift, and the lane max that d = z - max is
+ * formed against (the max so far: a one-hot row's d is then 0). */
+typedef struct { VF lo, arg, lane_max; } LM_FN(terms_t);
+
+/* The float lane sums of a block: sum e, sum e d, the reference's sum e_r
+ * and cross term sum e_r (d_r - d), the maxima, and the largest cross
+ * difference (see LM_CROSS_BIG). */
+typedef struct { VF sum, dsum, ref_sum, cross, max, ref_max, cross_max; } LM_FN(lanes_t);
+
+LM_INLINE LM_FN(terms_t) LM_FN(terms_)(double shift, LANE_T lane_max) {
+    LM_FN(terms_t) k;
+    k.lo = v_set1((LANE_T)(shift + LM_EXP_LO));
+    k.arg = LM_FN(expq_arg_)(shift);
+    k.lane_max = v_set1(lane_max);
+    return k;
+}
+
+/* One vector x of the model (and y of the reference) into the lane sums:
+ * max, clamp (a NaN survives it), e = p sc, sum += p sc fused (the same in
+ * every mode). Each vector is done before the next, to keep few values
+ * live. */
+LM_INLINE void LM_FN(term_)(VF x, VF y, const LM_FN(terms_t) *kz, const LM_FN(terms_t) *kr,
+                             const int ent, const int ref, const int track_max, LM_FN(lanes_t) *a) {
+    VF xc = v_max(kz->lo, x), sc, p;
+    if (track_max) a->max = v_max(x, a->max);
+    p = LM_FN(expq_)(xc, kz->arg, &sc);
+    a->sum = v_fma(p, sc, a->sum);
+    if (ent) a->dsum = v_fma(v_mul(p, sc), v_sub(xc, kz->lane_max), a->dsum);
+    if (ref) {
+        VF yc = v_max(kr->lo, y), d;
+        if (track_max) a->ref_max = v_max(y, a->ref_max);
+        p = LM_FN(expq_)(yc, kr->arg, &sc);
+        a->ref_sum = v_fma(p, sc, a->ref_sum);
+        d = v_sub(v_sub(y, kr->lane_max), v_sub(x, kz->lane_max));
+        a->cross_max = v_max(d, a->cross_max);
+        a->cross = v_fma(v_mul(p, sc), v_zero_below(d, y, kr->lo), a->cross);
+    }
+}
+
+/* What one block gives, in double: its sums against the shifts it was
+ * given (sum, dsum, ref_sum, cross as in lanes_t), and its maxima. */
+typedef struct {
+    double sum, dsum, ref_sum, cross;
+    LANE_T max, ref_max;
+    int nan;       /* 1: NaN in the model's values, 2: in the reference's */
+    int cross_big; /* some cross difference passed LM_CROSS_BIG */
+} LM_FN(block_t);
+
+/* A block [README: the pass]: the maxima of (z, r)[0, len) and the sums of
+ * e = exp(z - shift), against shifts chosen before (finite multiples of
+ * ln2f), prefetching pf[0, len) (the data a few blocks on). The lanes form
+ * d against the lane maxima and the sums are moved to the shifts at the
+ * end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
+ * does the block again if its maxima pass the maxima before by more than
+ * LM_HEAD. */
+LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len, const char *pf,
+                                        double shift, double ref_shift, LANE_T lane_max,
+                                        LANE_T ref_lane_max, const int ent, const int ref,
+                                        const LM_FN(loader_t) ld) {
     const int capped = ld.capped;
-    const VF zero = v_set1(0.0f);
-    const VF lo = v_set1((LANE_T)(MS + LM_EXP_LO)), rlo = v_set1((LANE_T)(RMS + LM_EXP_LO));
-    const VF vms = v_set1(ms), vrms = v_set1(rms), vsh = v_set1(MS), vrsh = v_set1(RMS);
-#ifdef LM_LIBM_EXP
-    const VF k1 = zero, rk1 = zero;
-#else /* see expq_ */
-    const VF k1 = v_set1(LM_MAGIC - (float)(LM_Q * MS / LM_LN2F));
-    const VF rk1 = v_set1(LM_MAGIC - (float)(LM_Q * RMS / LM_LN2F));
-#endif
-    /* one accumulator per sum: the loop then fits AVX2's 16 registers */
-    VF s = zero, t = zero, rs = zero, c = zero;
-    VF mx = v_set1(-INFINITY), rmx = mx, dmax = mx;
+    const LM_FN(terms_t) kz = LM_FN(terms_)(shift, lane_max), kr = LM_FN(terms_)(ref_shift, ref_lane_max);
+    const VF zero = v_set1(0.0f), neginf = v_set1(-INFINITY);
+    /* one lane sum per sum: the loop then fits AVX2's 16 registers */
+    LM_FN(lanes_t) a = {zero, zero, zero, zero, neginf, neginf, neginf};
+    LM_FN(block_t) out;
 #if LM_RAWMAX
     VI16 imx = v_imax16_init(), rimx = imx;
 #endif
-
-/* One vector x (and the reference's y) into the sums: max, clamp (a NaN
- * survives it), e = p sc, s += p sc fused (the same in every mode). Each
- * vector is done before the next, to keep few values live. */
-#define LM_HALF(x, y)                                                          \
-    do {                                                                       \
-        VF xc_ = v_max(lo, x), sc_, p_;                                        \
-        if (!LM_RAWMAX || capped) mx = v_max(x, mx);                           \
-        p_ = LM_FN(expq_)(xc_, k1, vsh, &sc_);                                 \
-        s = v_fma(p_, sc_, s);                                                 \
-        if (ent) t = v_fma(v_mul(p_, sc_), v_sub(xc_, vms), t);                \
-        if (ref) {                                                             \
-            VF yc_ = v_max(rlo, y), d_;                                        \
-            if (!LM_RAWMAX || capped) rmx = v_max(y, rmx);                     \
-            p_ = LM_FN(expq_)(yc_, rk1, vrsh, &sc_);                           \
-            rs = v_fma(p_, sc_, rs);                                           \
-            /* e_r d, d = (r - rms) - (z - ms) unclamped; see LM_CROSS_BIG */   \
-            d_ = v_sub(v_sub(y, vrms), v_sub(x, vms));                         \
-            dmax = v_max(d_, dmax);                                            \
-            c = v_fma(v_mul(p_, sc_), v_zero_below(d_, y, rlo), c);            \
-        }                                                                      \
-    } while (0)
-
     for (int64_t j = 0; j < len; j += LM_STEP) {
         VF za, zb, ra = zero, rb = zero;
         LM_FN(load_)(z + j, ld, &za, &zb);
-        __builtin_prefetch(pf + j * (int64_t)sizeof(LM_ELEM), 0, 3);
+        LM_PREFETCH(pf + j * (int64_t)sizeof(LM_ELEM));
 #if LM_RAWMAX
         if (!capped) {
             imx = v_imax16(imx, z + j);
@@ -287,42 +329,46 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
         }
 #endif
         if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
-        LM_HALF(za, ra);
-        LM_HALF(zb, rb);
+        LM_FN(term_)(za, ra, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
+        LM_FN(term_)(zb, rb, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
     }
-#undef LM_HALF
-    out->s = LM_FN(hsum_)(s);
-    out->rs = ref ? LM_FN(hsum_)(rs) : 0.0;
-    /* the lanes' d used ms, rms: move t and c to the shifts */
-    out->t = ent ? LM_FN(hsum_)(t) + ((double)ms - MS) * out->s : 0.0;
-    out->c = ref ? LM_FN(hsum_)(c) + (((double)rms - RMS) - ((double)ms - MS)) * out->rs : 0.0;
+    out.sum = LM_FN(hsum_)(a.sum);
+    out.ref_sum = ref ? LM_FN(hsum_)(a.ref_sum) : 0.0;
+    /* the lanes' d used the lane maxima: move dsum and cross to the shifts */
+    out.dsum = ent ? LM_FN(hsum_)(a.dsum) + ((double)lane_max - shift) * out.sum : 0.0;
+    out.cross = ref ? LM_FN(hsum_)(a.cross) +
+                      (((double)ref_lane_max - ref_shift) - ((double)lane_max - shift)) * out.ref_sum
+                    : 0.0;
 #if LM_RAWMAX
     if (!capped) {
-        out->zmax = LM_FN(rawmax_)(imx, z, len);
-        out->rmax = ref ? LM_FN(rawmax_)(rimx, r, len) : (LANE_T)-INFINITY;
+        out.max = LM_FN(rawmax_)(imx, z, len);
+        out.ref_max = ref ? LM_FN(rawmax_)(rimx, r, len) : (LANE_T)-INFINITY;
     } else
 #endif
     {
-        out->zmax = LM_FN(hmax_)(mx);
-        out->rmax = ref ? LM_FN(hmax_)(rmx) : (LANE_T)-INFINITY;
+        out.max = LM_FN(hmax_)(a.max);
+        out.ref_max = ref ? LM_FN(hmax_)(a.ref_max) : (LANE_T)-INFINITY;
     }
     /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
-    out->nan = (isnan(out->s) ? 1 : 0) | (ref && isnan(out->rs) ? 2 : 0);
-    out->cross_big = ref && LM_FN(hmax_)(dmax) > LM_CROSS_BIG;
+    out.nan = (isnan(out.sum) ? 1 : 0) | (ref && isnan(out.ref_sum) ? 2 : 0);
+    out.cross_big = ref && LM_FN(hmax_)(a.cross_max) > LM_CROSS_BIG;
+    return out;
 }
 
+/* ----------------------------------------------------------------- shifts */
+
 #ifndef LM_LIBM_EXP
-/* exact / computed exp(m - ms), m a lane value, ms a shift */
-LM_INLINE double LM_FN(fix_)(double m, double ms) {
+/* exact / computed exp(m - shift), m a lane value [README: fix] */
+LM_INLINE double LM_FN(fix_)(double m, double shift) {
     LANE_T e[VW];
-    VF sc, p = LM_FN(expq_)(v_set1(m), v_set1(LM_MAGIC - (float)(LM_Q * ms / LM_LN2F)), v_set1(ms), &sc);
+    VF sc, p = LM_FN(expq_)(v_set1(m), LM_FN(expq_arg_)(shift), &sc);
     v_store(e, v_mul(p, sc));
-    return exp(m - ms) / (double)e[0];
+    return exp(m - shift) / (double)e[0];
 }
 #endif
 
 /* The shift for a maximum bm: K ln2f, K = ceil(bm / ln2f); NaN when out
- * of range for c1. With libm's exp, bm itself. */
+ * of range for c1. With libm's exp, bm itself (NaN beyond LM_LIBM_MAX). */
 LM_INLINE double LM_FN(shift_of_)(double bm) {
 #ifdef LM_LIBM_EXP
     return fabs(bm) <= LM_LIBM_MAX ? bm : NAN;
@@ -332,22 +378,81 @@ LM_INLINE double LM_FN(shift_of_)(double bm) {
 #endif
 }
 
-/* Raise the shift of one side from *m to bm: s scales by a = exp(m - bm),
- * and t = sum e (z - m) (t: the same side's weights and shift) becomes
- * a (t + (m - bm) s). The cross term c = sum e_r ((r - rm) - (z - m)) moves
- * with both sides: pass the reference side's (RS, &C) when raising the
- * model side (c += (bm - m) RS, as z - m drops), and its own (&C) as t
- * when raising the reference side. */
-LM_INLINE void LM_FN(raise_)(double *m, double *s, double *t, double rs, double *c, double bm) {
-    if (c && rs != 0.0) *c += (bm - *m) * rs;
-    if (*s != 0.0) {
-        double a = exp(*m - bm);
-        if (t) *t = a * (*t + (*m - bm) * *s);
-        *s *= a;
-    }
-    *m = bm;
+/* Raise the model side's shift to cover a block max bm: its sums move
+ * (lm_reshift), and so does the cross term, whose (z - shift) drops:
+ * cross += (to - shift) ref_sum. Returns 0, or 1 when bm is beyond the
+ * exp's range (the row takes the exact path). */
+LM_INLINE int LM_FN(lift_model_)(lm_side *zs, const lm_side *rs, double *cross, const int ent,
+                                  double bm) {
+    double to;
+    if (!(bm > zs->shift)) return 0;
+    to = LM_FN(shift_of_)(bm);
+    if (isnan(to)) return 1;
+    if (cross && rs->sum != 0.0) *cross += (to - zs->shift) * rs->sum;
+    lm_reshift(zs, ent ? &zs->dsum : NULL, to);
+    return 0;
 }
 
+/* Raise the reference side's shift likewise: the cross term is a sum of
+ * its e_r times (r - shift) - (z - model shift), so it moves as a wsum. */
+LM_INLINE int LM_FN(lift_ref_)(lm_side *rs, double *cross, double bm) {
+    double to;
+    if (!(bm > rs->shift)) return 0;
+    to = LM_FN(shift_of_)(bm);
+    if (isnan(to)) return 1;
+    lm_reshift(rs, cross, to);
+    return 0;
+}
+
+/* The lane value d is formed against: the max so far, or the shift in use */
+LM_INLINE LANE_T LM_FN(lane_max_)(const lm_side *sd) {
+    return (LANE_T)(sd->max == -INFINITY ? lm_effective(sd->shift) : sd->max);
+}
+
+/* A first look at a side's maxima (the first block): its first shift.
+ * Returns 1 when the row takes the exact path (+inf, or out of range). */
+LM_INLINE int LM_FN(first_)(lm_side *sd, LANE_T bm) {
+    if (bm > -INFINITY) {
+        sd->shift = LM_FN(shift_of_)(bm);
+        sd->max = bm;
+        sd->block = 0;
+    }
+    return bm == INFINITY || isnan(sd->shift);
+}
+
+/* ---------------------------------------------------------------- segment */
+
+/* A block of the segment: the whole blocks in place, then the tail copied
+ * to a buffer padded with -inf to one step (with its own loader). */
+typedef struct { const LM_ELEM *z, *r; int64_t len; LM_FN(loader_t) ld; } LM_FN(span_t);
+
+LM_INLINE LM_FN(span_t) LM_FN(span_)(int64_t k, int64_t nmain, int64_t blk, int64_t nv,
+                                      const LM_ELEM *z, const LM_ELEM *r, const LM_ELEM *tz,
+                                      const LM_ELEM *tr, const LM_FN(loader_t) ld,
+                                      const LM_FN(loader_t) ldt) {
+    LM_FN(span_t) sp;
+    if (k < nmain) {
+        sp.z = z + k * blk;
+        sp.r = r ? r + k * blk : NULL;
+        sp.len = nv - k * blk < blk ? nv - k * blk : blk;
+        sp.ld = ld;
+    } else {
+        sp.z = tz;
+        sp.r = tr;
+        sp.len = LM_STEP;
+        sp.ld = ldt;
+    }
+    return sp;
+}
+
+/* add a block's sums to the sides that have a shift */
+LM_INLINE void LM_FN(take_)(lm_side *zs, lm_side *rs, double *cross, const LM_FN(block_t) *b,
+                             const int ref) {
+    if (zs->shift != -INFINITY) { zs->sum += b->sum; zs->dsum += b->dsum; }
+    if (ref && rs->shift != -INFINITY) { rs->sum += b->ref_sum; *cross += b->cross; }
+}
+
+/* The segment z[0, n) (and r[0, n)) into *st [README: the pass]. */
 LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int ent, const int amax, const int ref,
                                 const int capped, float cap, const void *next,
@@ -355,16 +460,14 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
+    const int64_t pfe = LM_PREFETCH_BYTES / (int64_t)sizeof(LM_ELEM);
     /* loaders of the whole blocks and of the padded tail */
     const LM_FN(loader_t) ld = LM_FN(loader_)(capped, cap, LM_STEP);
     const LM_FN(loader_t) ldt = LM_FN(loader_)(capped, cap, n - nv);
-    const int64_t pfe = LM_PREFETCH_BYTES / (int64_t)sizeof(LM_ELEM);
+    const lm_side empty = {-INFINITY, -INFINITY, 0.0, 0.0, -1};
+    lm_side zs = empty, rs = empty;
+    double cross = 0.0;
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
-    /* maxima so far; shifts (the sums are of exp(z - MS)), -inf until a
-     * finite value is seen */
-    double M = -INFINITY, RM = -INFINITY, MS = -INFINITY, RMS = -INFINITY;
-    double S = 0.0, T = 0.0, RS = 0.0, C = 0.0;
-    int64_t am = -1, ram = -1, kz = -1, kr = -1; /* blocks of the final maxima */
 
     memset(st, 0, sizeof *st);
     if (nv < n) { /* the tail, padded with -inf to one step */
@@ -373,111 +476,79 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             if (ref) tr[k] = k < n - nv ? r[nv + k] : LM_ELEM_NEGINF;
         }
     }
-#define LM_BLK_LEN(k) (nv - (k) * blk < blk ? nv - (k) * blk : blk)
-#define LM_BLOCK_AT(k, zp, rp, len, lb)                                        \
-    do {                                                                       \
-        if ((k) < nmain) {                                                     \
-            zp = z + (k) * blk; rp = ref ? r + (k) * blk : NULL;               \
-            len = LM_BLK_LEN(k); lb = ld;                                      \
-        } else { zp = tz; rp = tr; len = LM_STEP; lb = ldt; }                  \
-    } while (0)
-/* a side's shift rises when its block max passes it; the block is done
- * again when the max passes the max before it by more than LM_HEAD (a
- * side with no max yet: any finite max) */
-#define LM_REDO(bm, mx) ((bm) > (mx) + LM_HEAD)
-/* the shift a block is computed against: 0 while a side has none (its
- * sums are then dropped; the pass still looks for NaN) */
-#define LM_EFF(sh) ((sh) == -INFINITY ? 0.0 : (sh))
-/* the lane value d = z - ref is formed against: the max so far */
-#define LM_REF(mx, sh) ((LANE_T)((mx) == -INFINITY ? LM_EFF(sh) : (mx)))
-/* raise a side's shift sh to cover its block max bm (raise_'s other
- * arguments follow); beyond the exp's range the row takes the exact path */
-#define LM_LIFT(bm, sh, ...)                                                   \
-    do {                                                                       \
-        if ((bm) > (sh)) {                                                     \
-            double to_ = LM_FN(shift_of_)(bm);                                 \
-            if (isnan(to_)) { st->slow = 1; return; }                          \
-            LM_FN(raise_)(&(sh), __VA_ARGS__, to_);                            \
-        }                                                                      \
-    } while (0)
-#define LM_TAKE()                                                              \
-    do {                                                                       \
-        if (MS != -INFINITY) { S += acc.s; T += acc.t; }                       \
-        if (ref && RMS != -INFINITY) { RS += acc.rs; C += acc.c; }             \
-    } while (0)
-
     for (int64_t k = 0; k < nblocks; k++) {
-        const LM_ELEM *zp, *rp;
-        const char *pf;
-        int64_t len, o = k * blk + pfe;
-        double bm, brm;
+        const LM_FN(span_t) sp = LM_FN(span_)(k, nmain, blk, nv, z, ref ? r : NULL, tz, tr, ld, ldt);
+        const int64_t o = k * blk + pfe;
+        const char *pf; /* prefetch a fixed distance ahead: in this segment, else the next */
+        LM_FN(block_t) b;
         int redo;
-        LM_FN(acc_) acc;
-        LM_FN(loader_t) lb;
-        LM_BLOCK_AT(k, zp, rp, len, lb);
-        /* prefetch a fixed distance ahead: in this segment, else the next */
         pf = o < n ? (const char *)(z + o)
-           : next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)zp;
+           : next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)sp.z;
         if (k == 0) { /* a first look at the maxima: the first shifts */
-            bm = LM_FN(max_)(zp, len, lb);
-            brm = ref ? LM_FN(max_)(rp, len, lb) : (LANE_T)-INFINITY;
-            if (bm > -INFINITY) { MS = LM_FN(shift_of_)(bm); M = bm; kz = 0; }
-            if (brm > -INFINITY) { RMS = LM_FN(shift_of_)(brm); RM = brm; kr = 0; }
-            if (bm == INFINITY || brm == INFINITY || isnan(MS) || isnan(RMS)) { st->slow = 1; return; }
+            int exact = LM_FN(first_)(&zs, LM_FN(max_)(sp.z, sp.len, sp.ld));
+            if (ref) exact |= LM_FN(first_)(&rs, LM_FN(max_)(sp.r, sp.len, sp.ld));
+            if (exact) { st->exact = 1; return; }
         }
-        LM_FN(block_)(zp, rp, len, pf, LM_EFF(MS), LM_EFF(RMS), LM_REF(M, MS), LM_REF(RM, RMS),
-                      ent, ref, lb, &acc);
-        bm = acc.zmax;
-        brm = acc.rmax;
-        if (bm == INFINITY || brm == INFINITY || acc.cross_big) { st->slow = 1; return; }
-        redo = LM_REDO(bm, M) || (ref && LM_REDO(brm, RM));
-        if (!redo) LM_TAKE();
-        if (bm > M) { M = bm; kz = k; }
-        if (ref && brm > RM) { RM = brm; kr = k; }
-        LM_LIFT(bm, MS, &S, ent ? &T : NULL, RS, ref ? &C : NULL);
-        if (ref) LM_LIFT(brm, RMS, &RS, &C, 0.0, NULL);
+        b = LM_FN(block_)(sp.z, sp.r, sp.len, pf, lm_effective(zs.shift), lm_effective(rs.shift),
+                          LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs), ent, ref, sp.ld);
+        if (b.max == INFINITY || b.ref_max == INFINITY || b.cross_big) { st->exact = 1; return; }
+        /* [README: the redo rule] */
+        redo = b.max > zs.max + LM_HEAD || (ref && b.ref_max > rs.max + LM_HEAD);
+        if (!redo) LM_FN(take_)(&zs, &rs, &cross, &b, ref);
+        if (b.max > zs.max) { zs.max = b.max; zs.block = k; }
+        if (ref && b.ref_max > rs.max) { rs.max = b.ref_max; rs.block = k; }
+        if (LM_FN(lift_model_)(&zs, &rs, ref ? &cross : NULL, ent, b.max) ||
+            (ref && LM_FN(lift_ref_)(&rs, &cross, b.ref_max))) {
+            st->exact = 1;
+            return;
+        }
         if (redo) { /* again, from L1, against the new shifts and maxima */
-            LM_FN(block_)(zp, rp, len, (const char *)zp, LM_EFF(MS), LM_EFF(RMS),
-                          LM_REF(M, MS), LM_REF(RM, RMS), ent, ref, lb, &acc);
-            if (acc.cross_big) { st->slow = 1; return; }
-            LM_TAKE();
+            b = LM_FN(block_)(sp.z, sp.r, sp.len, (const char *)sp.z, lm_effective(zs.shift),
+                              lm_effective(rs.shift), LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs),
+                              ent, ref, sp.ld);
+            if (b.cross_big) { st->exact = 1; return; }
+            LM_FN(take_)(&zs, &rs, &cross, &b, ref);
         }
-        st->nan_found |= acc.nan;
+        st->nan |= b.nan;
     }
     /* The maxima rise only at blocks whose max exceeds all before: the
      * first argmax lies in the block of the last rise. */
-#define LM_FIND_IN(k, base, tail, mx)                                          \
-    ((k) < nmain ? (k) * blk + LM_FN(find_)((base) + (k) * blk, LM_BLK_LEN(k),  \
-                                            (LANE_T)(mx), ld)                  \
-                 : nv + LM_FN(find_)(tail, LM_STEP, (LANE_T)(mx), ldt))
-    if (amax && kz >= 0) am = LM_FIND_IN(kz, z, tz, M);
-    if (amax && ref && kr >= 0) ram = LM_FIND_IN(kr, r, tr, RM);
-#undef LM_FIND_IN
-#undef LM_REDO
-#undef LM_EFF
-#undef LM_REF
-#undef LM_TAKE
-#undef LM_LIFT
-#undef LM_BLOCK_AT
-#undef LM_BLK_LEN
+    if (amax) {
+        if (zs.block >= 0) {
+            const LM_FN(span_t) sp = LM_FN(span_)(zs.block, nmain, blk, nv, z, NULL, tz, tr, ld, ldt);
+            st->argmax = (zs.block < nmain ? zs.block * blk : nv) +
+                         LM_FN(find_)(sp.z, sp.len, (LANE_T)zs.max, sp.ld);
+        } else {
+            st->argmax = -1;
+        }
+        if (ref && rs.block >= 0) {
+            const LM_FN(span_t) sp = LM_FN(span_)(rs.block, nmain, blk, nv, r, NULL, tr, tr, ld, ldt);
+            st->ref_argmax = (rs.block < nmain ? rs.block * blk : nv) +
+                             LM_FN(find_)(sp.z, sp.len, (LANE_T)rs.max, sp.ld);
+        } else {
+            st->ref_argmax = -1;
+        }
+    } else {
+        st->argmax = st->ref_argmax = -1;
+    }
 #ifndef LM_LIBM_EXP
-    /* The max's own term exact: every term carries the exp's error (up to
-     * 3e-7, the same for a value against any shift); scaling a side's sums
+    /* The max's own term exact [README: fix]: every term carries the exp's
+     * error (the same for a value against any shift); scaling a side's sums
      * by exact / computed of its max makes that term exact and keeps
      * log-probabilities <= 0 and a one-hot row's entropy 0. */
-    if (M > -INFINITY) {
-        double a = LM_FN(fix_)(M, MS);
-        S *= a;
-        T *= a;
+    if (zs.max > -INFINITY) {
+        double a = LM_FN(fix_)(zs.max, zs.shift);
+        zs.sum *= a;
+        zs.dsum *= a;
     }
-    if (ref && RM > -INFINITY) {
-        double a = LM_FN(fix_)(RM, RMS);
-        RS *= a;
-        C *= a;
+    if (ref && rs.max > -INFINITY) {
+        double a = LM_FN(fix_)(rs.max, rs.shift);
+        rs.sum *= a;
+        cross *= a;
     }
 #endif
-    st->m = MS; st->s = S; st->t = T; st->mx = M; st->amax = am;
-    st->rm = RMS; st->rs = RS; st->c = C; st->rmx = RM; st->ramax = ram;
+    st->shift = zs.shift; st->sum = zs.sum; st->dsum = zs.dsum; st->max = zs.max;
+    st->ref_shift = rs.shift; st->ref_sum = rs.sum; st->cross = cross; st->ref_max = rs.max;
 }
 
 /* The exported kernel: specialised for the flag sets the driver uses. */
@@ -503,9 +574,13 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 #undef LM_CASE
 }
 
+/* what this file defined for one instantiation */
 #undef LM_EXP_LO
-#undef LM_MAGIC
 #undef LM_Q
 #undef LM_RAWMAX
 #undef LM_STEP
 #undef LM_BLK
+#undef LM_HEAD
+#undef LM_KMAX
+#undef LM_LIBM_MAX
+#undef LM_CROSS_BIG

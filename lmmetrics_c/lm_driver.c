@@ -172,45 +172,48 @@ static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
     x->fn(z, r, n, x->flags, (float)j->softcap, next, st);
 }
 
-/* scale factor of a side with shift m and sum s to a common shift M */
-static double lm_scale(double m, double s, double M) {
-    return s == 0.0 ? 0.0 : exp(m - M);
+/* scale factor of a side with shift m and sum s to a common shift to */
+static double lm_scale(double m, double s, double to) {
+    return s == 0.0 ? 0.0 : exp(m - to);
 }
 
-/* the cross term of x moved to the common shifts (M, RM): each of its
- * terms e_r ((r - rm) - (z - m)) becomes a e_r ((r - RM) - (z - M)) */
-static double lm_cross(const lm_state *x, double M, double RM) {
-    double a = lm_scale(x->rm, x->rs, RM);
+/* the cross term of x moved to the common shifts (to, ref_to): each of its
+ * terms e_r ((r - ref_shift) - (z - shift)) becomes
+ * a e_r ((r - ref_to) - (z - to)) [README: merging] */
+static double lm_cross(const lm_state *x, double to, double ref_to) {
+    double a = lm_scale(x->ref_shift, x->ref_sum, ref_to);
     if (a == 0.0) return 0.0;
-    return a * (x->c + ((M == x->m ? 0.0 : M - x->m) + (x->rm - RM)) * x->rs);
+    return a * (x->cross + ((to == x->shift ? 0.0 : to - x->shift) + (x->ref_shift - ref_to)) * x->ref_sum);
 }
 
 /* a <- a followed by b (b's indices start at offset) */
 static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
-    double M = a->m > b->m ? a->m : b->m, RM = a->rm > b->rm ? a->rm : b->rm;
-    double ea = lm_scale(a->m, a->s, M), eb = lm_scale(b->m, b->s, M);
-    a->c = lm_cross(a, M, RM) + lm_cross(b, M, RM);
-    a->t = (ea ? ea * (a->t + (a->m - M) * a->s) : 0.0) + (eb ? eb * (b->t + (b->m - M) * b->s) : 0.0);
-    a->s = a->s * ea + b->s * eb;
-    if (b->mx > a->mx) {
-        if (b->amax >= 0) a->amax = b->amax + offset;
-        a->mx = b->mx;
+    double to = a->shift > b->shift ? a->shift : b->shift;
+    double ref_to = a->ref_shift > b->ref_shift ? a->ref_shift : b->ref_shift;
+    double ea = lm_scale(a->shift, a->sum, to), eb = lm_scale(b->shift, b->sum, to);
+    a->cross = lm_cross(a, to, ref_to) + lm_cross(b, to, ref_to);
+    a->dsum = (ea ? ea * (a->dsum + (a->shift - to) * a->sum) : 0.0) +
+              (eb ? eb * (b->dsum + (b->shift - to) * b->sum) : 0.0);
+    a->sum = a->sum * ea + b->sum * eb;
+    if (b->max > a->max) {
+        if (b->argmax >= 0) a->argmax = b->argmax + offset;
+        a->max = b->max;
     }
-    a->m = M;
-    ea = lm_scale(a->rm, a->rs, RM);
-    eb = lm_scale(b->rm, b->rs, RM);
-    a->rs = a->rs * ea + b->rs * eb;
-    if (b->rmx > a->rmx) {
-        if (b->ramax >= 0) a->ramax = b->ramax + offset;
-        a->rmx = b->rmx;
+    a->shift = to;
+    ea = lm_scale(a->ref_shift, a->ref_sum, ref_to);
+    eb = lm_scale(b->ref_shift, b->ref_sum, ref_to);
+    a->ref_sum = a->ref_sum * ea + b->ref_sum * eb;
+    if (b->ref_max > a->ref_max) {
+        if (b->ref_argmax >= 0) a->ref_argmax = b->ref_argmax + offset;
+        a->ref_max = b->ref_max;
     }
-    a->rm = RM;
-    a->slow |= b->slow;
-    a->nan_found |= b->nan_found;
+    a->ref_shift = ref_to;
+    a->exact |= b->exact;
+    a->nan |= b->nan;
 }
 
 static double lm_cap(const lm_job *j, double v) {
-    return j->softcap > 0 ? j->softcap * tanh(v / j->softcap) : v;
+    return j->softcap > 0 ? lm_softcap(v, j->softcap) : v;
 }
 
 /* NLL, entropy and KL are >= 0 exactly; rounding may leave -1e-16 */
@@ -219,7 +222,7 @@ static double lm_nonneg(double v) { return v <= 0.0 ? 0.0 : v; }
 /* One side of a row, exactly, in double: how many +inf, the max m and
  * ls = log sum exp(z - m) over the finite part (log-probabilities are
  * (z - m) - ls, never z - (m + ls), which loses z - m when m is large),
- * entropy, first argmax. Used only for rows a kernel calls slow (+inf,
+ * entropy, first argmax. Used only for rows a kernel marks exact (+inf,
  * maxima beyond its range, or a KL cross term beyond float sums). */
 typedef struct { int64_t ninf, amax; double m, ls, ent; int nan; } lm_exact;
 
@@ -281,25 +284,26 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
 static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     const lm_job *j = x->job;
     if (j->targets && j->targets[i] >= j->n_cols) return LM_ERR_TARGET; /* before any use */
-    if (st->nan_found & 1 || isnan(st->s) || isnan(st->t)) return LM_ERR_NAN;
-    if (st->slow) return lm_row_exact(x, i);
-    if (st->m == -INFINITY) return LM_ERR_EMPTY;
+    if (st->nan & 1 || isnan(st->sum) || isnan(st->dsum)) return LM_ERR_NAN;
+    if (st->exact) return lm_row_exact(x, i);
+    if (st->shift == -INFINITY) return LM_ERR_EMPTY;
     if (j->ref.base) {
-        if (st->nan_found & 2 || isnan(st->rs) || isnan(st->c)) return LM_ERR_NAN_REF;
-        if (st->rm == -INFINITY) return LM_ERR_EMPTY_REF;
+        if (st->nan & 2 || isnan(st->ref_sum) || isnan(st->cross)) return LM_ERR_NAN_REF;
+        if (st->ref_shift == -INFINITY) return LM_ERR_EMPTY_REF;
     }
-    double ls = log(st->s);
+    double ls = log(st->sum);
     if (j->nll) {
         const char *z = lm_row(x, &j->logits, i);
-        j->nll[i] = lm_nonneg((st->m - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]))) + ls);
+        j->nll[i] = lm_nonneg((st->shift - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]))) + ls);
     }
-    if (j->entropy) j->entropy[i] = lm_nonneg(ls - st->t / st->s);
-    if (j->argmax) j->argmax[i] = st->amax;
-    if (j->kl) j->kl[i] = lm_nonneg(st->c / st->rs - log(st->rs) + ls);
-    if (j->ref_argmax) j->ref_argmax[i] = st->ramax;
+    if (j->entropy) j->entropy[i] = lm_nonneg(ls - st->dsum / st->sum);
+    if (j->argmax) j->argmax[i] = st->argmax;
+    if (j->kl) j->kl[i] = lm_nonneg(st->cross / st->ref_sum - log(st->ref_sum) + ls);
+    if (j->ref_argmax) j->ref_argmax[i] = st->ref_argmax;
     if (j->ref_nll) {
         const char *r = lm_row(x, &j->ref, i);
-        j->ref_nll[i] = lm_nonneg((st->rm - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]))) + log(st->rs));
+        j->ref_nll[i] = lm_nonneg((st->ref_shift - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]))) +
+                                  log(st->ref_sum));
     }
     return LM_OK;
 }

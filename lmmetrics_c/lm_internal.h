@@ -14,19 +14,32 @@
 #define LM_BLOCK 4096
 #define LM_PREFETCH_BYTES 16384
 
-/* The state of one segment (or a merged row). Model side: m = the shift
- * of the sums, s = sum exp(z - m), t = sum exp(z - m) * (z - m),
- * mx = max, amax = first argmax. Reference side: rm, rs, rmx, ramax
- * likewise; c = sum exp(r - rm) * ((r - rm) - (z - m)), so that
- * KL = c / rs - log rs + log s. A shift is -inf while its side has seen
- * only -inf. slow: the segment holds +inf, or maxima beyond the kernel's
- * range (the row takes the exact path). */
+/* The state of one segment (or a merged row) [README: the state]. The
+ * model side's sums are taken against a shift >= its max:
+ *   sum = sum e, e = exp(z - shift);  dsum = sum e (z - shift),
+ * so that log sum exp(z) = shift + log sum, the NLL of target y is
+ * (shift - z_y) + log sum and the entropy log sum - dsum / sum. The
+ * reference side's likewise (ref_shift, ref_sum), and
+ *   cross = sum e_r ((r - ref_shift) - (z - shift)),
+ * so that KL(ref || model) = cross / ref_sum - log ref_sum + log sum.
+ * A shift (and max) is -inf while its side has seen only -inf. */
 typedef struct {
-    double m, s, t, mx;
-    double rm, rs, c, rmx;
-    int64_t amax, ramax;
-    int slow, nan_found;
+    double shift, sum, dsum, max;
+    double ref_shift, ref_sum, cross, ref_max;
+    int64_t argmax, ref_argmax; /* first index of the max; -1: none, or not asked */
+    int exact;                  /* +inf, maxima beyond the kernel's range, or a cross
+                                 * term beyond float sums: the row takes the exact path */
+    int nan;                    /* 1: NaN in the model's logits, 2: in the reference's */
 } lm_state;
+
+#define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
+/* 1.5 * 2^23: t = x + MAGIC holds round(x) in its low mantissa bits */
+#define LM_MAGIC 12582912.0f
+
+/* the softcap in double: the float64 kernel and the exact path */
+static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
+
+#define LM_PREFETCH(p) __builtin_prefetch((p), 0, 3)
 
 /* The sums' exp takes 2^(j/Q), j < Q = 2^LM_QBITS (an ISA's choice), from
  * a table of float bits less j << (23 - LM_QBITS), so that adding t's
