@@ -54,6 +54,8 @@ cdef extern from "lm_kernel.h" nogil:
     const char *lm_isa_name(int isa)
     int lm_openmp()
     int lm_max_threads()
+
+cdef extern from "lm_bench.h" nogil:
     uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads)
 
 cdef extern from *:
@@ -180,8 +182,9 @@ def max_threads():
 
 
 def read_pass(uintptr_t ptr, int64_t nbytes, int num_threads=0):
-    """Read nbytes at ptr once (OR of 64-bit words): the memory-speed
-    yardstick for benchmarks. The caller keeps the buffer alive."""
+    """Read nbytes at ptr once with the active SIMD path's float max loop
+    (num_threads threads, 0: the OpenMP default): the memory-speed yardstick
+    of the benchmarks. The caller keeps the buffer alive."""
     cdef uint64_t acc
     with nogil:
         acc = lm_read_pass(<const void *>ptr, nbytes, num_threads)

@@ -3,6 +3,7 @@
  * them into per-row results. No Python here; the caller releases the GIL. */
 #include <stdlib.h>
 #include "lm_internal.h"
+#include "lm_bench.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif

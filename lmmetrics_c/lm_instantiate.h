@@ -1,6 +1,11 @@
 /* Instantiates lm_body.h for the 16- and 32-bit dtypes with the primitives
- * of the lm_simd_*.h included before, and names the results
- * segment_<isa>_<dtype>; read_<isa>_f32 is the float max loop alone. */
+ * of the lm_simd_*.h included before. The functions made, for <isa> =
+ * LM_ISA_TAG (scalar, avx2, avx512), are
+ *   segment_<isa>_f32, segment_<isa>_f16, segment_<isa>_bf16  (lm_segment_fn)
+ *   read_<isa>_f32                                            (lm_read_fn)
+ * (each with its static inline helpers, e.g. block__<isa>_f32), and
+ * lm_isa_scalar.c adds segment_scalar_f64 (double lanes, libm's exp). They
+ * are exported through each unit's lm_unit (lm_unit_<isa>). */
 #define LM_NAME3_(a, b, c) a##_##b##_##c
 #define LM_NAME3(a, b, c) LM_NAME3_(a, b, c)
 

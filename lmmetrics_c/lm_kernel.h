@@ -70,6 +70,5 @@ int lm_isa_best(void);
 const char *lm_isa_name(int isa);
 int lm_openmp(void);             /* 1 when built with OpenMP */
 int lm_max_threads(void);
-uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads);
 
 #endif

@@ -1,4 +1,7 @@
 /* AVX2 + FMA + F16C primitives for lm_body.h (8 float lanes). */
+#ifndef LM_INTERNAL_H
+#error "lm_simd_avx2.h is not a standalone header: lm_isa_avx2.c includes it after lm_internal.h"
+#endif
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx2

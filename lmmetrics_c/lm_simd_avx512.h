@@ -1,4 +1,7 @@
 /* AVX-512F + BW primitives for lm_body.h (16 float lanes). */
+#ifndef LM_INTERNAL_H
+#error "lm_simd_avx512.h is not a standalone header: lm_isa_avx512.c includes it after lm_internal.h"
+#endif
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx512

@@ -1,5 +1,8 @@
 /* Portable primitives for lm_body.h: one lane of LANE_T (float, or double
  * with LM_LIBM_EXP for float64 input). Re-includable with another lane. */
+#ifndef LM_INTERNAL_H
+#error "lm_simd_scalar.h is not a standalone header: lm_isa_scalar.c includes it after lm_internal.h"
+#endif
 #undef VW
 #undef v_set1
 #undef v_add

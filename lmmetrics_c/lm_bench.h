@@ -1,0 +1,14 @@
+/* A benchmark entry point beside the product API of lm_kernel.h: the speed
+ * limit the benchmarks compare the kernel with. */
+#ifndef LM_BENCH_H
+#define LM_BENCH_H
+
+#include <stdint.h>
+
+/* Reads nbytes at p once with the active ISA's float max loop (64 KB
+ * chunks over num_threads threads, <= 0: the OpenMP default; the bytes
+ * after the last whole chunk are ORed) and returns a value that depends on
+ * every byte, so that the read cannot be optimised away. */
+uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads);
+
+#endif
