@@ -199,7 +199,8 @@ def _parse_header(raw: bytes) -> tuple:
     except ValueError as e:  # JSONDecodeError, and int() of an over-long literal
         raise _Bad(f"the header is not JSON ({str(e).splitlines()[0]})") from None
     if not isinstance(header, dict):
-        raise _Bad(f"the header is a JSON {type(header).__name__}, not an object")
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(header), "number")
+        raise _Bad(f"the header is a JSON {kind}, not an object")
     try:
         _check_tree(header)
     except UnicodeEncodeError:
@@ -292,7 +293,9 @@ def _st_array(path: str, name: str, base: int, dtype: str, shape: tuple, offsets
     if torch_dtype is not None:  # a torch view of the mapped bits
         import torch
 
-        return torch.from_numpy(np.asarray(arr)).view(torch_dtype)
+        with warnings.catch_warnings():  # the mapping is read-only, as intended
+            warnings.simplefilter("ignore")
+            return torch.from_numpy(np.asarray(arr)).view(torch_dtype)
     return arr
 
 
@@ -328,7 +331,9 @@ def _pt(path: str) -> Dict[str, Callable[[], Any]]:
 
 def _npy(path: str):
     try:
-        arr = np.load(path, mmap_mode="r")
+        with warnings.catch_warnings(), np.errstate(all="raise"):  # a header's shape may overflow
+            warnings.simplefilter("ignore")
+            arr = np.load(path, mmap_mode="r")
     except Exception as e:  # numpy raises many kinds for a bad file
         raise FileError(f"{path}: cannot read as .npy ({_why(e)})") from None
     if not isinstance(arr, np.ndarray):  # an .npz zip or a pickle under the .npy name
