@@ -449,6 +449,8 @@ def bad_files(tmp_path_factory):
     for opt, v in (("--repeat", "0"), ("--repeat", "-1"), ("--tokens", "0"), ("--vocab", "-5"),
                    ("--threads", "0"), ("--tokens", "1.5")):
         cases[f"bench {opt} {v}"] = ("bench", f"{opt}={v}")
+    if torch is None or not torch.cuda.is_available():
+        cases["bench --device cuda, no CUDA"] = ("bench", "--device", "cuda", "--tokens", "4", "--vocab", "8")
     cases["--targets-key missing"] = ("score", zz, d / "ok.npz", "--targets-key", "nope")
     cases["--key missing"] = ("compare", d / "ok.npz", d / "ok.npz", tt, "--key", "nope")
     return cases
