@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import List, Optional
@@ -50,7 +51,7 @@ def _make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0):
     try:
         import ml_dtypes
     except ImportError:
-        raise SystemExit("lmmetrics bench: --dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+        raise ValueError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
     return z.astype(ml_dtypes.bfloat16)
 
 
@@ -78,13 +79,16 @@ def _best(fn, repeat: int) -> float:
 def _bench_cuda(args) -> int:
     """lmmetrics on a CUDA tensor (torch in row chunks) against F.cross_entropy
     on the same GPU: time, and extra memory above the input."""
-    import torch
-    import torch.nn.functional as F
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        raise ValueError("--device cuda needs torch (with CUDA)") from None
 
     from .evaluation import evaluate
 
     if not torch.cuda.is_available():
-        raise SystemExit("lmmetrics bench: --device cuda, but torch sees no CUDA device")
+        raise ValueError("--device cuda, but torch sees no CUDA device")
     dtype = getattr(torch, args.dtype)
     g = torch.Generator(device="cuda").manual_seed(0)
     z = (torch.randn(args.tokens, args.vocab, device="cuda", generator=g) * 3).to(dtype)
@@ -157,11 +161,13 @@ def _bench(args) -> int:
         torch_time = _best(lambda: F.cross_entropy(zt, tt, reduction="sum"), max(1, args.repeat // 2))
         rows.append((f"torch F.cross_entropy, {threads} threads", torch_time, None))
     print()
-    print(f"{'':38} {'time ms':>9} {'GB/s':>7} {'of read pass':>13} {'vs torch':>9}")
+    if torch_time is None:
+        print("torch is not installed, so there is no torch row or \"vs torch\" column")
+    print(f"{'':38} {'time ms':>9} {'GB/s':>7} {'of read pass':>13}" + (f" {'vs torch':>9}" if torch_time else ""))
     for name, t, base in rows:
         frac = f"{base / t:.2f}" if base else ""
         vs = f"{torch_time / t:.1f}x" if torch_time and name.startswith("lmmetrics") else ""
-        print(f"{name:38} {t * 1e3:9.2f} {nbytes / t / 1e9:7.1f} {frac:>13} {vs:>9}")
+        print(f"{name:38} {t * 1e3:9.2f} {nbytes / t / 1e9:7.1f} {frac:>13}" + (f" {vs:>9}" if torch_time else ""))
     if rel > 1e-6:
         print(f"error: the result is off the float64 reference by {rel:.1e}", file=sys.stderr)
         return 1
@@ -206,7 +212,7 @@ def _chunks(n_rows: int, vocab: int, itemsize: int, args):
 def _score(args) -> int:
     raw = load_array(args.logits, "logits", args.key)
     z = _rows(raw, args.logits)
-    t = _targets(load_array(args.targets, "targets"), tuple(raw.shape))
+    t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
     tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
     ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
                    num_threads=args.threads)
@@ -225,7 +231,7 @@ def _compare(args) -> int:
     r = _rows(load_array(args.reference, "reference_logits", args.key), args.reference, z.shape[1])
     if r.shape[0] != z.shape[0]:
         raise FileError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
-    t = _targets(load_array(args.targets, "targets"), tuple(raw.shape))
+    t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
     parts = []
     for a, b in _chunks(z.shape[0], z.shape[1], 2 * _itemsize(z), args):
         parts.append(token_values(r[a:b], z[a:b], t[a:b], ignore_index=args.ignore_index,
@@ -244,19 +250,62 @@ def _info(_args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the error as one line (``lmmetrics score: error: ...``),
+    exit code 2, like every other bad input."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+    return v
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``lmmetrics | head -1``): stop quietly,
+    as Unix tools do, with the status of a process ended by SIGPIPE. stdout
+    goes to devnull so that the interpreter's last flush cannot fail too."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 141
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="lmmetrics", description="Language-model metrics from logits.")
+    parser = _Parser(prog="lmmetrics", description="Language-model metrics from logits.")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("demo", help="metrics of a small built-in example, and the build config (default)")
     sub.add_parser("info", help="the build and run-time configuration")
-    files = argparse.ArgumentParser(add_help=False)
+    files = _Parser(add_help=False)
     files.add_argument("--key", help="the array to read from an .npz / .safetensors / .pt logits file")
+    files.add_argument("--targets-key", help="the array to read from an .npz / .safetensors / .pt targets "
+                                             "file (default: its only array, or the one named targets or labels)")
     files.add_argument("--ignore-index", type=int, default=-100,
                        help="targets equal to this (and negative ones) are ignored (default -100)")
     files.add_argument("--json", action="store_true", help="print JSON instead of a table")
     files.add_argument("--quiet", action="store_true", help="no progress bar")
-    files.add_argument("--threads", type=int, default=None, help="threads (default: the OpenMP default)")
-    files.add_argument("--chunk-mb", type=float, default=256.0,
+    files.add_argument("--threads", type=_positive_int, default=None,
+                       help="threads (default: the OpenMP default)")
+    files.add_argument("--chunk-mb", type=_positive_float, default=256.0,
                        help="logits read per step, in MiB (default 256)")
     s = sub.add_parser("score", parents=[files], help="every metric of saved logits and targets",
                        description="LOGITS (..., V) and TARGETS (...) from .npy (memory-mapped), .npz, "
@@ -271,24 +320,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("logits")
     c.add_argument("targets")
     b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
-    b.add_argument("--tokens", type=int, default=2048, help="rows of logits (default 2048)")
-    b.add_argument("--vocab", type=int, default=128256, help="vocabulary size (default 128256)")
+    b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
+    b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    b.add_argument("--threads", type=int, default=None, help="threads (default: the OpenMP default)")
-    b.add_argument("--repeat", type=int, default=5, help="timed repetitions, best kept (default 5)")
+    b.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the OpenMP default)")
+    b.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions, best kept (default 5)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the native kernel (default); cuda: torch tensors on the GPU")
     args = parser.parse_args(argv)
-    if getattr(args, "tokens", 1) < 1 or getattr(args, "vocab", 1) < 1:
-        parser.error("--tokens and --vocab must be positive")
-    if getattr(args, "chunk_mb", 1) <= 0:
-        parser.error("--chunk-mb must be positive")
     handlers = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
                 None: _demo}
     try:
-        return handlers[args.command](args)
-    except (FileError, ValueError, TypeError) as e:
-        print(f"lmmetrics {args.command}: error: {e}", file=sys.stderr)
+        code = handlers[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except (FileError, ValueError, TypeError, OSError, MemoryError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        if isinstance(e, MemoryError):
+            msg = f"out of memory{': ' + msg if msg != 'MemoryError' else ''}"
+        elif isinstance(e, OSError):
+            msg = f"{e.filename + ': ' if e.filename else ''}{e.strerror or msg}"
+        print(f"lmmetrics {args.command or 'demo'}: error: {msg}", file=sys.stderr)
         return 2
 
 
