@@ -7,6 +7,7 @@ logits arrive as (address, row stride, outer stride): their owner is kept
 alive by the caller."""
 
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 cdef extern from "lm_kernel.h" nogil:
@@ -77,6 +78,8 @@ ISAS_BUILT = tuple(LM_ISAS_BUILT.decode().split())
 
 import threading
 
+cdef unsigned long _MAIN_THREAD = threading.main_thread().ident
+
 
 cdef int _signalled(void *arg) noexcept nogil:
     """Between chunks of a job run from the main thread: run Python's signal
@@ -102,7 +105,7 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
         int64_t[::1] argmax=None, double[::1] kl=None, int64_t[::1] ref_argmax=None,
         double[::1] ref_nll=None, int num_threads=0):
     """Run one job; returns (status, first bad row, NLL sum, rows counted):
-    status is an lm_status, the totals 0 unless targets (and nll) are given.
+    status is an lm_status value (an int), the totals 0 unless targets (and nll) are given.
     ``logits`` and ``reference`` are (address, row_stride, outer_stride) in
     elements; the caller keeps their memory alive. Targets and outputs are
     int64 / float64 of n_rows (or None). A KeyboardInterrupt (or another
@@ -145,13 +148,13 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     job.num_threads = num_threads
     job.interrupted = NULL
     job.interrupt_arg = <void *>raised
-    if threading.current_thread() is threading.main_thread():
+    if PyThread_get_thread_ident() == _MAIN_THREAD:
         job.interrupted = _signalled
     with nogil:
         status = lm_run(&job, &bad)
     if raised:
         raise raised[0]
-    return lm_status(status), bad, nll_sum, n_counted
+    return status, bad, nll_sum, n_counted
 
 
 def isa_supported(str name):

@@ -54,7 +54,7 @@ MAX_THREADS = 1024
 # The kernel applies a softcap in float lanes (c and 1 / c): both must be
 # normal float32 numbers with room to spare.
 SOFTCAP_RANGE = (1e-30, 1e30)
-_INT64 = np.iinfo(np.int64)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def check_threads(num_threads: Optional[int]) -> int:
@@ -86,7 +86,7 @@ def check_ignore_index(ignore_index: Any) -> int:
     """The ignore_index as an int64 value, or TypeError / ValueError."""
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
-    if not _INT64.min <= ignore_index <= _INT64.max:
+    if not _INT64_MIN <= ignore_index <= _INT64_MAX:
         raise ValueError(f"ignore_index must fit in int64, got {ignore_index!r}")
     return int(ignore_index)
 
