@@ -92,7 +92,9 @@ def extensions():
         "lmmetrics._core",
         sources=[os.path.join(C_DIR, "_core.pyx"), os.path.join(C_DIR, "lm_driver.c")],
         include_dirs=[C_DIR],
-        depends=[os.path.join(C_DIR, f) for f in os.listdir(C_DIR) if f.endswith((".h", ".c"))],
+        # the hand-written units only: never the generated _core.c
+        depends=sorted(os.path.join(C_DIR, f) for f in os.listdir(C_DIR)
+                       if f.startswith("lm_") and f.endswith((".h", ".c"))),
     )
     return cythonize([ext], compiler_directives={"language_level": 3})
 
