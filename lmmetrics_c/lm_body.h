@@ -34,7 +34,7 @@
 #define LM_BODY_ONCE
 #define LM_CAT_(a, b) a##b
 #define LM_CAT(a, b) LM_CAT_(a, b)
-#define LM_INLINE static inline __attribute__((always_inline))
+#define LM_INLINE LM_ALWAYS_INLINE /* lm_port.h */
 #endif
 
 #define LM_LN2F 0.693147182464599609375 /* ln 2 rounded to float, exactly */
@@ -237,7 +237,7 @@ LM_INLINE void LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
     for (int64_t j = 0; j < len; j += LM_STEP) {
         VF za, zb, ra = zero, rb = zero;
         LM_LOADC(z + j, za, zb);
-        __builtin_prefetch(pf + j * (int64_t)sizeof(LM_ELEM), 0, 3);
+        LM_PREFETCH(pf + j * (int64_t)sizeof(LM_ELEM));
 #if LM_RAWMAX
         if (!capped) {
             imx = v_imax16(imx, z + j);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <math.h>
 #include "lm_kernel.h"
+#include "lm_port.h"
 
 /* A row is processed in fixed segments so that a long row can be split
  * across threads and the result is the same bits for any thread count. */
