@@ -43,6 +43,9 @@ int lm_isa_supported(int isa) {
 #ifdef LM_HAVE_AVX512
     case LM_ISA_AVX512: return lm_cpu_avx512();
 #endif
+#ifdef LM_HAVE_NEON
+    case LM_ISA_NEON: return 1; /* baseline on aarch64 */
+#endif
     default: return 0;
     }
 }
@@ -67,7 +70,7 @@ int lm_isa_set(int isa) {
 }
 
 const char *lm_isa_name(int isa) {
-    static const char *names[LM_NISAS] = {"scalar", "avx2", "avx512"};
+    static const char *names[LM_NISAS] = {"scalar", "avx2", "avx512", "neon"};
     return isa >= 0 && isa < LM_NISAS ? names[isa] : "unknown";
 }
 
@@ -88,6 +91,9 @@ int lm_max_threads(void) {
 }
 
 static const lm_unit *lm_unit_for(int isa) {
+#ifdef LM_HAVE_NEON
+    if (isa == LM_ISA_NEON) return &lm_unit_neon;
+#endif
 #ifdef LM_HAVE_AVX512
     if (isa == LM_ISA_AVX512) return &lm_unit_avx512;
 #endif

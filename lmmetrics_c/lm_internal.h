@@ -112,5 +112,8 @@ extern const lm_unit lm_unit_avx2;
 #ifdef LM_HAVE_AVX512
 extern const lm_unit lm_unit_avx512;
 #endif
+#ifdef LM_HAVE_NEON
+extern const lm_unit lm_unit_neon;
+#endif
 
 #endif

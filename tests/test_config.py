@@ -63,3 +63,9 @@ def test_every_path_agrees(dtype):
     base = results["scalar"]
     for name, got in results.items():
         np.testing.assert_allclose(got, base, atol=2e-6 if dtype != np.float64 else 1e-12, err_msg=name)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("aarch64", "arm64"), reason="aarch64 builds the NEON path")
+def test_neon_path_is_built_on_aarch64():
+    cfg = lmmetrics.show_config(False)
+    assert "neon" in cfg["isas_built"] and cfg["isa_best"] == "neon"
