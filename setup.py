@@ -12,7 +12,9 @@ Compilers: GCC, Clang (Apple's too) and MSVC; every per-compiler choice
 (base flags, ISA flags, OpenMP, release flags) is made in this file, in
 `_flags_for`. The target architecture is the compiler's, found by compiling
 probes (so cross builds, ARCHFLAGS and _PYTHON_HOST_PLATFORM are honoured),
-never the build host's platform.machine().
+never the build host's platform.machine(). A macOS universal2 build (two
+-arch flags) matches neither target and gets the portable path only: build
+one wheel per architecture (as the cibuildwheel settings do).
 """
 import glob
 import os
