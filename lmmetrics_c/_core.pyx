@@ -67,13 +67,18 @@ cdef extern from *:
     #ifndef LM_ISAS_BUILT
     #define LM_ISAS_BUILT "scalar"
     #endif
+    #ifndef LM_OPENMP_BUILD
+    #define LM_OPENMP_BUILD "unknown"
+    #endif
     """
     const char *LM_CFLAGS
+    const char *LM_OPENMP_BUILD
     const char *LM_ISAS_BUILT
 
 DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "neon")
 CFLAGS = LM_CFLAGS.decode()
+OPENMP_BUILD = LM_OPENMP_BUILD.decode()  # the OpenMP flags the build used, or "none"
 ISAS_BUILT = tuple(LM_ISAS_BUILT.decode().split())
 
 import threading

@@ -27,9 +27,7 @@
 
 #ifndef LM_BODY_ONCE
 #define LM_BODY_ONCE
-#ifndef LM_INLINE
-#define LM_INLINE static inline __attribute__((always_inline))
-#endif
+#define LM_INLINE LM_ALWAYS_INLINE /* lm_port.h */
 
 /* One side's running state in a segment (the model's logits, or the
  * reference's). */

@@ -7,10 +7,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#define LM_X86 1
-#endif
 
 /* Below this many elements a call runs on one thread (an OpenMP fork costs
  * more than it saves); each further thread needs this much work too. */
@@ -22,26 +18,24 @@
 
 /* ------------------------------------------------------------------ ISA */
 
-#ifdef LM_X86
+#ifdef LM_X86 /* cpuid and xgetbv through lm_port.h */
 static int lm_xcr0_has(unsigned mask) {
-    unsigned eax, edx;
-    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-    return (eax & mask) == mask;
+    return (lm_xgetbv0() & mask) == mask;
 }
 static int lm_cpu_avx2(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    unsigned r[4];
+    if (!lm_cpuid(1, 0, r)) return 0;
     /* OSXSAVE, AVX, FMA, F16C */
-    if (!((c >> 27) & 1) || !((c >> 28) & 1) || !((c >> 12) & 1) || !((c >> 29) & 1)) return 0;
+    if (!((r[2] >> 27) & 1) || !((r[2] >> 28) & 1) || !((r[2] >> 12) & 1) || !((r[2] >> 29) & 1)) return 0;
     if (!lm_xcr0_has(0x6)) return 0; /* the OS saves xmm and ymm */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return (b >> 5) & 1;
+    if (!lm_cpuid(7, 0, r)) return 0;
+    return (r[1] >> 5) & 1;
 }
 static int lm_cpu_avx512(void) {
-    unsigned a, b, c, d;
+    unsigned r[4];
     if (!lm_cpu_avx2() || !lm_xcr0_has(0xe6)) return 0; /* opmask, zmm */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    return ((b >> 16) & 1) && ((b >> 30) & 1); /* AVX-512F, AVX-512BW */
+    if (!lm_cpuid(7, 0, r)) return 0;
+    return ((r[1] >> 16) & 1) && ((r[1] >> 30) & 1); /* AVX-512F, AVX-512BW */
 }
 #endif
 
@@ -53,6 +47,9 @@ int lm_isa_supported(int isa) {
 #endif
 #ifdef LM_HAVE_AVX512
     case LM_ISA_AVX512: return lm_cpu_avx512();
+#endif
+#ifdef LM_HAVE_NEON
+    case LM_ISA_NEON: return 1; /* baseline on aarch64 */
 #endif
     default: return 0;
     }
@@ -78,7 +75,7 @@ int lm_isa_set(int isa) {
 }
 
 const char *lm_isa_name(int isa) {
-    static const char *names[LM_NISAS] = {"scalar", "avx2", "avx512"};
+    static const char *names[LM_NISAS] = {"scalar", "avx2", "avx512", "neon"};
     return isa >= 0 && isa < LM_NISAS ? names[isa] : "unknown";
 }
 
@@ -99,6 +96,9 @@ int lm_max_threads(void) {
 }
 
 static const lm_unit *lm_unit_for(int isa) {
+#ifdef LM_HAVE_NEON
+    if (isa == LM_ISA_NEON) return &lm_unit_neon;
+#endif
 #ifdef LM_HAVE_AVX512
     if (isa == LM_ISA_AVX512) return &lm_unit_avx512;
 #endif

@@ -1,6 +1,6 @@
 /* Instantiates lm_body.h for the 16- and 32-bit dtypes with the primitives
  * of the lm_simd_*.h included before. The functions made, for <isa> =
- * LM_ISA_TAG (scalar, avx2, avx512), are
+ * LM_ISA_TAG (scalar, avx2, avx512, neon), are
  *   segment_<isa>_f32, segment_<isa>_f16, segment_<isa>_bf16  (lm_segment_fn)
  *   read_<isa>_f32                                            (lm_read_fn)
  * (each with its static inline helpers, e.g. block__<isa>_f32), and

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <math.h>
 #include "lm_kernel.h"
+#include "lm_port.h"
 
 /* A row is processed in fixed segments so that a long row can be split
  * across threads and the result is the same bits for any thread count. */
@@ -39,7 +40,6 @@ typedef struct {
 /* the softcap in double: the float64 kernel and the exact path */
 static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
 
-#define LM_PREFETCH(p) __builtin_prefetch((p), 0, 3)
 
 /* The sums' exp takes 2^(j/Q), j < Q = 2^LM_QBITS (an ISA's choice), from
  * a table of float bits less j << (23 - LM_QBITS), so that adding t's
@@ -123,6 +123,9 @@ extern const lm_unit lm_unit_avx2;
 #endif
 #ifdef LM_HAVE_AVX512
 extern const lm_unit lm_unit_avx512;
+#endif
+#ifdef LM_HAVE_NEON
+extern const lm_unit lm_unit_neon;
 #endif
 
 #endif

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 enum lm_dtype { LM_F32 = 0, LM_F64 = 1, LM_F16 = 2, LM_BF16 = 3, LM_NDTYPES = 4 };
-enum lm_isa { LM_ISA_SCALAR = 0, LM_ISA_AVX2 = 1, LM_ISA_AVX512 = 2, LM_NISAS = 3 };
+enum lm_isa { LM_ISA_SCALAR = 0, LM_ISA_AVX2 = 1, LM_ISA_AVX512 = 2, LM_ISA_NEON = 3, LM_NISAS = 4 };
 
 enum lm_status {
     LM_OK = 0,

@@ -18,7 +18,9 @@ def test_show_config(capsys):
     assert cfg["version"] == lmmetrics.__version__ and lmmetrics.__version__ in out
     assert cfg["isa"] in cfg["isas_supported"] and "scalar" in cfg["isas_built"]
     assert isinstance(cfg["openmp"], bool) and cfg["threads"] >= 1
-    assert "-O3" in cfg["cflags"]
+    assert "-O3" in cfg["cflags"] or "/O2" in cfg["cflags"]
+    # which OpenMP the build used: its flags, or none for a serial core
+    assert (cfg["openmp_build"] == "none") == (not cfg["openmp"]) and cfg["openmp_build"] in out
     for bad in ("-ffast-math", "-march=native", "-Ofast"):
         assert bad not in cfg["cflags"]
 
@@ -61,3 +63,9 @@ def test_every_path_agrees(dtype):
     base = results["scalar"]
     for name, got in results.items():
         np.testing.assert_allclose(got, base, atol=2e-6 if dtype != np.float64 else 1e-12, err_msg=name)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("aarch64", "arm64"), reason="aarch64 builds the NEON path")
+def test_neon_path_is_built_on_aarch64():
+    cfg = lmmetrics.show_config(False)
+    assert "neon" in cfg["isas_built"] and cfg["isa_best"] == "neon"

@@ -30,6 +30,7 @@ def config() -> Dict[str, Any]:
         "openmp": _core.openmp(),
         "threads": _core.max_threads(),
         "cflags": _core.CFLAGS,
+        "openmp_build": getattr(_core, "OPENMP_BUILD", "unknown"),
     }
 
 

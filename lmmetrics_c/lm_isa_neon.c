@@ -1,0 +1,8 @@
+/* The AArch64 NEON kernels (baseline on aarch64: no flags). */
+#include "lm_internal.h"
+#include "lm_simd_neon.h"
+#include "lm_instantiate.h"
+
+const lm_unit lm_unit_neon = {
+    {[LM_F32] = segment_neon_f32, [LM_F16] = segment_neon_f16, [LM_BF16] = segment_neon_bf16},
+    read_neon_f32};
