@@ -88,6 +88,22 @@ def test_strided_views_and_softcap(dev, small_chunks):
                                ref_kl(r[:, :-1].cpu().numpy(), view.cpu().numpy()), atol=2e-6)
 
 
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                    (torch.float32, torch.float64)], ids=str)
+def test_mixed_dtypes_and_shift(dev, small_chunks, dtypes):
+    z, r, t = _data(dev, shape=(3, 9))
+    z, r = z.to(dtypes[0]), r.to(dtypes[1])
+    zn, rn, tn = z.cpu().double().numpy(), r.cpu().double().numpy(), t.cpu().numpy()
+    np.testing.assert_allclose(lmmetrics.token_kl(z, reference_logits=r).cpu().numpy(), ref_kl(rn, zn), atol=2e-6)
+    c = lmmetrics.compare(z, t, reference_logits=r, shift=True)
+    assert c.tokens == int((tn[:, 1:] >= 0).sum())
+    assert c.kld.mean.value == pytest.approx(ref_kl(rn[:, :-1], zn[:, :-1])[tn[:, 1:] >= 0].mean(), rel=1e-6)
+    assert c.ppl.value == pytest.approx(np.exp(ref_nll(zn[:, :-1], tn[:, 1:])[tn[:, 1:] >= 0].mean()), rel=1e-6)
+    lp, greedy = lmmetrics.loglikelihood(z, t, shift=True)
+    assert lp.device.type == dev.type and lp.dtype == torch.float64 and greedy.dtype == torch.bool
+    np.testing.assert_allclose(lp.cpu().numpy(), -ref_nll(zn[:, :-1], tn[:, 1:]).sum(-1), rtol=1e-6)
+
+
 def test_edge_cases_match_the_cpu_semantics(dev):
     z = torch.zeros(4, 10, device=dev)
     z[1, [2, 5]] = math.inf          # mass shared by the +inf entries
