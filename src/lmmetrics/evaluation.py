@@ -224,12 +224,17 @@ class Evaluator:
             device = torch.device("cuda", torch.cuda.current_device())
         vals = torch.tensor([float(self._state[k]) for k in keys], dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
-        for k, v in zip(keys, vals.cpu().tolist()):
-            self._state[k] = int(round(v)) if k in _COUNTS else v
+        self._state = state_from_floats(dict(zip(keys, vals.cpu().tolist())))
         return self
 
     def __repr__(self) -> str:
         return f"Evaluator(tokens={self._state['tokens']}, ignore_index={self.ignore_index})"
+
+
+def state_from_floats(values: Dict[str, float]) -> Dict[str, Any]:
+    """An Evaluator state from sums carried as floats (counts rounded back
+    to integers), e.g. after a float64 all-reduce."""
+    return {k: int(round(v)) if k in _COUNTS else float(v) for k, v in values.items()}
 
 
 def _same_table(a: Any, b: Any) -> bool:
