@@ -99,3 +99,14 @@ def test_mixed_dtype_errors_name_the_row():
     t[1, 3] = 5000
     with pytest.raises(ValueError, match=r"target 5000 at position \(1, 3\)"):
         lmmetrics.evaluate(z, t, reference_logits=r)
+
+
+def test_shift_applies_to_both_buffers():
+    z, r, t = _pair(BF16, np.float32, shape=(2, 12))
+    want = lmmetrics.compare(z[:, :-1], t[:, 1:], reference_logits=r[:, :-1]).as_dict()
+    assert lmmetrics.compare(z, t, reference_logits=r, shift=True).as_dict() == want
+    ev = lmmetrics.Evaluator(shift=True)
+    ev.update(z, t, reference_logits=r)
+    assert ev.compute() == lmmetrics.evaluate(z[:, :-1], t[:, 1:], reference_logits=r[:, :-1])
+    with pytest.raises(TypeError, match="positional"):
+        ev.update(z, t, r)  # the reference is keyword-only
