@@ -72,6 +72,8 @@ def test_shift_errors():
         lmmetrics.cross_entropy(z[0], np.int64(1), shift=True)
     with pytest.raises(ValueError, match="unshifted"):
         lmmetrics.cross_entropy(z, np.zeros(4, np.int64), shift=True)
+    with pytest.raises(ValueError, match="reference_logits shape"):
+        lmmetrics.compare(z, np.zeros(5, np.int64), reference_logits=z[0], shift=True)
     with pytest.raises(TypeError, match="shift"):
         lmmetrics.cross_entropy(z, np.zeros(5, np.int64), shift=1)
 

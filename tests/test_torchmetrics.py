@@ -88,6 +88,8 @@ def test_language_model_metrics_collection():
         batch = m(z, t, reference_logits=z + 0.5 * torch.sin(z))
         assert set(batch) >= {"loss", "perplexity", "accuracy", "entropy", "bits_per_byte", "kl", "same_top"}
         theirs.update(z, t)
+    with pytest.raises(TypeError):
+        m.update(z, t, z)  # the reference is keyword-only
     got = m.compute()
     assert got["perplexity"].item() == pytest.approx(theirs.compute().item(), rel=1e-5)
     z = torch.cat([b[0] for b in data])

@@ -52,8 +52,7 @@ def shifted(logits: Any, targets: Any, reference: Any = None):
     """Next-token alignment of unshifted inputs (Hugging Face labels):
     position t is scored against targets[..., t + 1] and the last position
     is dropped. Views of the logits (numpy or torch, any device), no copy."""
-    if not (isinstance(logits, np.ndarray) or is_torch(logits)):
-        logits = np.asarray(logits)
+    logits = _array(logits)
     if logits.ndim < 2:
         raise ValueError(f"shift=True needs logits with a time axis (..., T, V), got shape "
                          f"{tuple(logits.shape)}")
@@ -65,8 +64,16 @@ def shifted(logits: Any, targets: Any, reference: Any = None):
                              f"without its vocabulary axis {lead} (shift=True takes both unshifted)")
         targets = targets[..., 1:]
     if reference is not None:
+        reference = _array(reference)
+        if tuple(reference.shape) != tuple(logits.shape):
+            raise ValueError(f"reference_logits shape {tuple(reference.shape)} does not match logits "
+                             f"shape {tuple(logits.shape)}")
         reference = reference[..., :-1, :]
     return logits[..., :-1, :], targets, reference
+
+
+def _array(x: Any) -> Any:
+    return x if isinstance(x, np.ndarray) or is_torch(x) else np.asarray(x)
 
 
 def _as_rows(x: Any) -> Optional[Any]:

@@ -36,8 +36,8 @@ class LanguageModelMetrics(Metric):
     ``bits_per_byte`` with ``token_bytes``, ``kl`` and ``same_top`` after
     updates given ``reference_logits``), ready for ``self.log_dict``.
 
-    ``update(preds, target, reference_logits=None)``: logits (..., V) or a
-    model output with ``.logits``, targets (...).
+    ``update(preds, target, *, reference_logits=None)``: logits (..., V) or
+    a model output with ``.logits``, targets (...), the reference keyword-only.
     """
 
     is_differentiable = False
@@ -64,7 +64,7 @@ class LanguageModelMetrics(Metric):
             setattr(this, k, getattr(this, k).to(this.device))
         return this
 
-    def update(self, preds: Any, target: Any, reference_logits: Any = None) -> None:
+    def update(self, preds: Any, target: Any, *, reference_logits: Any = None) -> None:
         """Add a batch (one read of its logits)."""
         ev = self._evaluator
         ev.reset()
