@@ -89,7 +89,7 @@ def test_score_npz_safetensors_pt(files):
 def test_compare(files):
     d, z, r, t, tb = files
     got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--json", "--chunk-mb", 0.02).stdout)
-    want = lmmetrics.compare(r, z, t).as_dict()
+    want = lmmetrics.compare(z, t, reference_logits=r).as_dict()
     assert got["tokens"] == want["tokens"]
     for k in ("ppl", "ppl_ref", "ratio", "delta_ppl", "same_top", "rms_delta_p"):
         assert got[k]["value"] == pytest.approx(want[k]["value"], rel=1e-9), k

@@ -71,7 +71,7 @@ def pair():
 
 def test_compare_matches_independent_float64(pair):
     r, z, t = pair
-    got = lmmetrics.compare(r, z, t)
+    got = lmmetrics.compare(z, t, reference_logits=r)
     exp = reference_stats(r, z, t)
     assert got.tokens == exp["tokens"] == 6 * 493
     for k in ("ppl", "ppl_ref", "ln_ratio", "ratio", "delta_ppl", "rms_delta_p", "same_top"):
@@ -95,7 +95,7 @@ def test_compare_matches_independent_float64(pair):
 
 def test_compare_output(pair):
     r, z, t = pair
-    c = lmmetrics.compare(r, z, t)
+    c = lmmetrics.compare(z, t, reference_logits=r)
     text = str(c)
     for line in ("Mean PPL(Q)", "Mean PPL(base)", "Cor(ln(PPL(Q)), ln(PPL(base)))", "Mean    KLD",
                  "99.9%   KLD", "Median  KLD", "Minimum KLD", "RMS Δp", "Same top p"):
@@ -109,7 +109,7 @@ def test_compare_identical_models():
     rng = np.random.default_rng(1)
     z = random_logits(rng, (40, 300), np.float32)
     t = rng.integers(0, 300, 40)
-    c = lmmetrics.compare(z, z, t)
+    c = lmmetrics.compare(z, t, reference_logits=z)
     assert c.kld.max < 1e-6 and c.same_top.value == 1.0 and c.same_top.uncertainty == 0.0
     assert c.ratio.value == pytest.approx(1.0) and c.delta_ppl.value == pytest.approx(0.0, abs=1e-9)
     assert c.rms_delta_p.value == pytest.approx(0.0, abs=1e-7)
@@ -119,13 +119,13 @@ def test_compare_few_tokens_have_no_uncertainty():
     rng = np.random.default_rng(2)
     z = random_logits(rng, (5, 30), np.float32)
     r = random_logits(rng, (5, 30), np.float32)
-    c = lmmetrics.compare(r, z, rng.integers(0, 30, 5))
+    c = lmmetrics.compare(z, rng.integers(0, 30, 5), reference_logits=r)
     assert c.tokens == 5 and c.ppl.uncertainty == 0.0 and c.kld.mean.uncertainty == 0.0
 
 
 def test_compare_errors():
     z = np.zeros((3, 10), np.float32)
     with pytest.raises(ValueError, match="no counted token"):
-        lmmetrics.compare(z, z, np.full(3, -100))
+        lmmetrics.compare(z, np.full(3, -100), reference_logits=z)
     with pytest.raises(ValueError, match="shape"):
-        lmmetrics.compare(z[:2], z, np.zeros(3, np.int64))
+        lmmetrics.compare(z, np.zeros(3, np.int64), reference_logits=z[:2])

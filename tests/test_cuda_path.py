@@ -60,7 +60,7 @@ def test_per_token_values(dev, small_chunks, dtype):
     assert isinstance(nll, torch.Tensor) and nll.device.type == dev.type and nll.shape == t.shape
     np.testing.assert_allclose(nll.cpu().numpy(), ref_nll(zn, tn), atol=tol, rtol=tol)
     np.testing.assert_allclose(lmmetrics.token_entropy(z).cpu().numpy(), ref_entropy(zn), atol=tol, rtol=tol)
-    np.testing.assert_allclose(lmmetrics.token_kl(r, z).cpu().numpy(), ref_kl(rn, zn), atol=tol, rtol=tol)
+    np.testing.assert_allclose(lmmetrics.token_kl(z, reference_logits=r).cpu().numpy(), ref_kl(rn, zn), atol=tol, rtol=tol)
 
 
 def test_evaluate_and_compare_agree_with_the_cpu_core(dev, small_chunks):
@@ -71,8 +71,8 @@ def test_evaluate_and_compare_agree_with_the_cpu_core(dev, small_chunks):
     want = lmmetrics.evaluate(zc, tc, token_bytes=tb.numpy(), reference_logits=rc).as_dict()
     for k, v in want.items():
         assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
-    c_got = lmmetrics.compare(r, z, t).as_dict()
-    c_want = lmmetrics.compare(rc, zc, tc).as_dict()
+    c_got = lmmetrics.compare(z, t, reference_logits=r).as_dict()
+    c_want = lmmetrics.compare(zc, tc, reference_logits=rc).as_dict()
     assert c_got["ppl"]["value"] == pytest.approx(c_want["ppl"]["value"], rel=1e-6)
     assert c_got["kld"]["max"] == pytest.approx(c_want["kld"]["max"], abs=2e-6)
     assert c_got["same_top"] == c_want["same_top"]
@@ -84,8 +84,24 @@ def test_strided_views_and_softcap(dev, small_chunks):
     got = lmmetrics.token_nll(view, t[:, 1:], softcap=5.0)
     capped = 5.0 * np.tanh(view.cpu().double().numpy() / 5.0)
     np.testing.assert_allclose(got.cpu().numpy(), ref_nll(capped, t[:, 1:].cpu().numpy()), atol=2e-6)
-    np.testing.assert_allclose(lmmetrics.token_kl(r[:, :-1], view).cpu().numpy(),
+    np.testing.assert_allclose(lmmetrics.token_kl(view, reference_logits=r[:, :-1]).cpu().numpy(),
                                ref_kl(r[:, :-1].cpu().numpy(), view.cpu().numpy()), atol=2e-6)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                    (torch.float32, torch.float64)], ids=str)
+def test_mixed_dtypes_and_shift(dev, small_chunks, dtypes):
+    z, r, t = _data(dev, shape=(3, 9))
+    z, r = z.to(dtypes[0]), r.to(dtypes[1])
+    zn, rn, tn = z.cpu().double().numpy(), r.cpu().double().numpy(), t.cpu().numpy()
+    np.testing.assert_allclose(lmmetrics.token_kl(z, reference_logits=r).cpu().numpy(), ref_kl(rn, zn), atol=2e-6)
+    c = lmmetrics.compare(z, t, reference_logits=r, shift=True)
+    assert c.tokens == int((tn[:, 1:] >= 0).sum())
+    assert c.kld.mean.value == pytest.approx(ref_kl(rn[:, :-1], zn[:, :-1])[tn[:, 1:] >= 0].mean(), rel=1e-6)
+    assert c.ppl.value == pytest.approx(np.exp(ref_nll(zn[:, :-1], tn[:, 1:])[tn[:, 1:] >= 0].mean()), rel=1e-6)
+    lp, greedy = lmmetrics.loglikelihood(z, t, shift=True)
+    assert lp.device.type == dev.type and lp.dtype == torch.float64 and greedy.dtype == torch.bool
+    np.testing.assert_allclose(lp.cpu().numpy(), -ref_nll(zn[:, :-1], tn[:, 1:]).sum(-1), rtol=1e-6)
 
 
 def test_edge_cases_match_the_cpu_semantics(dev):
@@ -119,7 +135,7 @@ def test_edge_cases_match_the_cpu_semantics(dev):
 def test_reference_on_another_device_is_an_error():
     z, r, _ = _data(torch.device("cuda"))
     with pytest.raises(ValueError, match="same device"):
-        lmmetrics.token_kl(r.cpu(), z)
+        lmmetrics.token_kl(z, reference_logits=r.cpu())
 
 
 def test_chunk_setting():

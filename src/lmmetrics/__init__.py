@@ -1,13 +1,17 @@
 """lmmetrics: language-model evaluation metrics from logits, in one read.
 
 Per-token NLL, cross-entropy, perplexity, bits per token / byte / character,
-predictive entropy, top-1 accuracy and KL divergence from logits shaped
-(..., V) and integer targets, computed by a fused log-softmax + gather kernel
+predictive entropy, top-1 accuracy, KL divergence and per-sequence
+log-likelihoods (lm-eval's multiple-choice ``loglikelihood``) from logits
+shaped (..., V) and integer targets, computed by a fused log-softmax + gather kernel
 (C, SIMD, OpenMP, GIL released) that agrees with a float64 reference; CUDA
 tensors are computed by torch on their device. :func:`evaluate` and
 :class:`Evaluator` give every metric from one read, :func:`compare` a model
 against a reference model. See :mod:`lmmetrics.convert` for unit conversions
-and :mod:`lmmetrics.probs` for measures over explicit probability vectors.
+and :mod:`lmmetrics.probs` for measures over explicit probability vectors;
+:mod:`lmmetrics.torchmetrics` (imported on demand) holds torchmetrics
+``Metric`` classes. These are metrics, not training losses: no gradient
+flows through them.
 """
 from . import convert, probs
 from ._config import apply_env_isa as _apply_env_isa
@@ -19,13 +23,14 @@ from .evaluation import Evaluator, Metrics, evaluate, evaluate_bpb
 from .tokens import token_bytes
 from .windows import sliding_window_nll
 from .metrics import (bits_per_byte, bits_per_character, bits_per_token, cross_entropy, kl_divergence,
-                      perplexity, token_entropy, token_kl, token_nll)
+                      loglikelihood, perplexity, token_entropy, token_kl, token_nll)
 
 _apply_env_isa()
 
 __all__ = [
     "__version__", "show_config", "token_nll", "cross_entropy", "perplexity", "bits_per_token",
     "bits_per_byte", "bits_per_character", "token_entropy", "token_kl", "kl_divergence",
+    "loglikelihood",
     "evaluate", "Evaluator", "Metrics", "evaluate_bpb", "compare", "Comparison", "Estimate",
     "Distribution", "set_cuda_chunk_bytes", "sliding_window_nll", "token_bytes", "convert", "probs",
 ]

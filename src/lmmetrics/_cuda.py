@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from ._errors import Status, row_error
+from ._inputs import row_blocks
 
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
 _chunk_bytes = _DEFAULT_CHUNK_BYTES
@@ -78,19 +79,6 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
     return CudaLogits(x.detach(), dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
 
 
-def _row_blocks(z, r) -> Iterator[Tuple[Any, Any]]:
-    """z (and r, of the same shape, or None) as consecutive 2-D (rows, V)
-    views of the same rows, without copying."""
-    if z.dim() == 1:
-        yield z.unsqueeze(0), None if r is None else r.unsqueeze(0)
-        return
-    try:
-        yield z.view(-1, z.shape[-1]), None if r is None else r.view(-1, r.shape[-1])
-    except RuntimeError:  # not viewable as one block: split the first axis
-        for i in range(z.shape[0]):
-            yield from _row_blocks(z[i], None if r is None else r[i])
-
-
 def _side(x, cap: float):
     """Compute-dtype logits (capped) and their logsumexp per row; rows holding
     +inf become 0 at the +inf entries and -inf elsewhere (equal shares)."""
@@ -115,13 +103,13 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, c
     dev = lg.keep.device
     temps = (_TEMPS_REF if ref is not None else
              _TEMPS_ROW if out.entropy is not None or out.argmax is not None else _TEMPS_NLL)
-    sides = 1 if ref is None else 2
-    temps += sides * (_TEMPS_CAST if lg.dtype in ("float16", "bfloat16") else 0) + (_TEMPS_CAP if cap else 0)
+    temps += sum(_TEMPS_CAST for x in (lg, ref) if x is not None and x.dtype in ("float16", "bfloat16"))
+    temps += _TEMPS_CAP if cap else 0
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
     tgt_all = torch.from_numpy(out.targets).to(dev) if out.targets is not None else None
     counted_all = torch.from_numpy(out.counted).to(dev)
     pos = 0
-    for zb, rb in _row_blocks(lg.keep, None if ref is None else ref.keep):
+    for zb, rb in row_blocks(lg.keep, None if ref is None else ref.keep):
         for a in range(0, zb.shape[0], step):
             i0 = pos + a
             i1 = min(pos + zb.shape[0], i0 + step)

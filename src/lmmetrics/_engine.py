@@ -1,10 +1,12 @@
 """The one path from the public functions to a computation.
 
-Every metric calls :func:`run`, which validates arguments with the GIL held,
-allocates the per-row float64 outputs, calls the native core once (GIL
-released, OpenMP inside) and raises a clear exception for bad rows. CUDA
-tensors take the same path up to the computation, which torch does on their
-device (:mod:`lmmetrics._cuda`).
+Every metric calls :func:`run`, which takes model outputs' ``.logits``,
+aligns unshifted inputs (``shift=True``), validates arguments with the GIL
+held, allocates the per-row float64 outputs, calls the native core once (GIL
+released, OpenMP inside; a bounded chunk of rows at a time when the logits
+and the reference logits differ in dtype) and raises a clear exception for
+bad rows. CUDA tensors take the same path up to the computation, which torch
+does on their device (:mod:`lmmetrics._cuda`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from . import _core
 from ._errors import ROW_STATUSES, Status, row_error, target_error
-from ._inputs import Logits, as_logits, as_targets, is_cuda
+from ._inputs import Logits, as_logits, as_targets, is_cuda, model_logits, row_blocks, shifted
 
 
 @dataclass
@@ -83,22 +85,44 @@ def check_softcap(softcap: Optional[float]) -> float:
 
 
 def check_ignore_index(ignore_index: Any) -> int:
-    """The ignore_index as an int64 value, or TypeError / ValueError."""
+    """The ignore_index as an int64 value (None: -1, as negative targets are
+    ignored anyway), or TypeError / ValueError."""
+    if ignore_index is None:
+        return -1
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
+        raise TypeError(f"ignore_index must be an integer or None, got {ignore_index!r}")
     if not _INT64_MIN <= ignore_index <= _INT64_MAX:
         raise ValueError(f"ignore_index must fit in int64, got {ignore_index!r}")
     return int(ignore_index)
 
 
-def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: int = -100,
-        softcap: Optional[float] = None, num_threads: Optional[int] = None,
+def check_shift(shift: Any) -> bool:
+    if not isinstance(shift, (bool, np.bool_)):
+        raise TypeError(f"shift must be True or False, got {shift!r}")
+    return bool(shift)
+
+
+# Logits and reference logits of different dtypes are read a chunk of rows
+# at a time, the narrower chunk converted to the wider dtype (16-bit to
+# float32, to float64 when one side is float64): extra memory of about this
+# many bytes a side.
+MIXED_CHUNK_BYTES = 64 * 2**20
+
+
+def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: Optional[int] = -100,
+        softcap: Optional[float] = None, num_threads: Optional[int] = None, shift: bool = False,
         nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False,
         ref_nll: bool = False) -> RowResults:
-    """One read of the logits (and reference logits) computing what is asked."""
+    """One read of the logits (and reference logits) computing what is asked.
+
+    ``logits`` and ``reference`` may be model outputs with ``.logits``;
+    with ``shift`` they are aligned with the next target (:func:`shifted`)."""
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)
+    logits, reference = model_logits(logits), model_logits(reference)
+    if check_shift(shift):
+        logits, targets, reference = shifted(logits, targets, reference)
     if (kl or ref_nll) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
     cuda = None
@@ -113,11 +137,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
             raise ValueError(
                 f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
                 f"logits shape {lg.lead_shape + (lg.n_cols,)}")
-        if ref.dtype != lg.dtype:
-            raise TypeError(
-                f"reference_logits dtype {ref.dtype} differs from logits dtype {lg.dtype}; "
-                f"convert one of them so that both match")
-        if not cuda:
+        if not cuda and ref.dtype == lg.dtype:
             lg, ref = _same_layout(lg, ref)
     if targets is not None:
         tgt = as_targets(targets, lg, check_range=cuda is not None, ignore_index=ignore)
@@ -143,26 +163,66 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         if nll:
             out.nll_sum = float(np.sum(out.nll))
         return out
-
-    status, bad, nll_sum, n_counted = _core.run(
-        dtype=lg.dtype_code, n_rows=n, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
-        logits=(lg.ptr, lg.row_stride, lg.outer_stride),
-        reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
-        targets=tgt, ignore_index=ignore, softcap=cap, nll=out.nll, entropy=out.entropy,
-        argmax=out.argmax, kl=out.kl, ref_argmax=out.ref_argmax, ref_nll=out.ref_nll,
-        num_threads=threads)
-    if status == Status.LM_ERR_TARGET:
-        raise target_error(tgt[bad], bad, lg.n_cols, lg.lead_shape)
-    if status in ROW_STATUSES:
-        raise row_error(status, bad, lg.lead_shape)
-    if status == Status.LM_ERR_NOMEM:
-        raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
-    if status != Status.LM_OK:
-        raise RuntimeError(f"lmmetrics: internal error {status!r} in the native core")
+    if ref is not None and ref.dtype != lg.dtype:
+        n_counted = _native_mixed(lg, ref, out, cap, threads)
+        nll_sum = math.fsum(out.nll) if nll and tgt is not None else 0.0
+    else:
+        nll_sum, n_counted = _native(lg, ref, out, slice(0, n), cap, threads)
     if tgt is not None:
         out.n_counted = n_counted
     out.nll_sum = nll_sum
     return out
+
+
+_OUTPUTS = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
+
+
+def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: slice, cap: float,
+            threads: int) -> Tuple[float, int]:
+    """The native core over rows ``rows`` of out (lg and ref describe just
+    those rows): fills out's arrays there; returns (NLL sum, rows counted)."""
+    tgt = None if out.targets is None else out.targets[rows]
+    parts = {k: None if getattr(out, k) is None else getattr(out, k)[rows] for k in _OUTPUTS}
+    status, bad, nll_sum, n_counted = _core.run(
+        dtype=lg.dtype_code, n_rows=lg.n_rows, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
+        logits=(lg.ptr, lg.row_stride, lg.outer_stride),
+        reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
+        targets=tgt, ignore_index=out.ignore_index, softcap=cap, num_threads=threads, **parts)
+    if status == Status.LM_ERR_TARGET:
+        raise target_error(tgt[bad], rows.start + bad, lg.n_cols, out.lead_shape)
+    if status in ROW_STATUSES:
+        raise row_error(status, rows.start + bad, out.lead_shape)
+    if status == Status.LM_ERR_NOMEM:
+        raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
+    if status != Status.LM_OK:
+        raise RuntimeError(f"lmmetrics: internal error {status!r} in the native core")
+    return nll_sum, n_counted
+
+
+def _native_mixed(lg: Logits, ref: Logits, out: RowResults, cap: float, threads: int) -> int:
+    """Logits and reference of different dtypes: the native core a chunk of
+    rows at a time, each side read in place when it has the wider dtype,
+    else its chunk converted to it. Returns the rows counted."""
+    wide = "float64" if "float64" in (lg.dtype, ref.dtype) else "float32"
+    step = max(1, MIXED_CHUNK_BYTES // (lg.n_cols * np.dtype(wide).itemsize))
+    n_counted, pos = 0, 0
+    for zb, rb in row_blocks(lg.keep, ref.keep):
+        for a in range(0, zb.shape[0], step):
+            rows = slice(pos + a, pos + min(zb.shape[0], a + step))
+            z = as_logits(_as_dtype(zb[a:a + step], wide))
+            r = as_logits(_as_dtype(rb[a:a + step], wide), "reference_logits")
+            n_counted += _native(z, r, out, rows, cap, threads)[1]
+        pos += zb.shape[0]
+    return n_counted
+
+
+def _as_dtype(x, name: str):
+    """x in the dtype called name (float32 or float64): x itself when it has it."""
+    if isinstance(x, np.ndarray):
+        return x.astype(name, copy=False)
+    import torch
+
+    return x.to(getattr(torch, name))
 
 
 def _device(x):

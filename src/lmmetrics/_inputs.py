@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -38,6 +38,70 @@ def is_torch(x: Any) -> bool:
 
 def is_cuda(x: Any) -> bool:
     return is_torch(x) and x.device.type != "cpu"
+
+
+def model_logits(x: Any) -> Any:
+    """The ``.logits`` of a model output (e.g. transformers'
+    ``CausalLMOutputWithPast``); arrays, tensors and None as given."""
+    if x is None or isinstance(x, np.ndarray) or is_torch(x):
+        return x
+    return getattr(x, "logits", x)
+
+
+def shifted(logits: Any, targets: Any, reference: Any = None):
+    """Next-token alignment of unshifted inputs (Hugging Face labels):
+    position t is scored against targets[..., t + 1] and the last position
+    is dropped. Views of the logits (numpy or torch, any device), no copy."""
+    logits = _array(logits)
+    if logits.ndim < 2:
+        raise ValueError(f"shift=True needs logits with a time axis (..., T, V), got shape "
+                         f"{tuple(logits.shape)}")
+    lead = tuple(int(n) for n in logits.shape[:-1])
+    if targets is not None:
+        targets = as_index_array(targets, "targets")
+        if targets.shape != lead:
+            raise ValueError(f"targets shape {targets.shape} does not match the logits shape "
+                             f"without its vocabulary axis {lead} (shift=True takes both unshifted)")
+        targets = targets[..., 1:]
+    if reference is not None:
+        reference = _array(reference)
+        if tuple(reference.shape) != tuple(logits.shape):
+            raise ValueError(f"reference_logits shape {tuple(reference.shape)} does not match logits "
+                             f"shape {tuple(logits.shape)}")
+        reference = reference[..., :-1, :]
+    return logits[..., :-1, :], targets, reference
+
+
+def _array(x: Any) -> Any:
+    return x if isinstance(x, np.ndarray) or is_torch(x) else np.asarray(x)
+
+
+def _as_rows(x: Any) -> Optional[Any]:
+    """x (..., V) as a 2-D (rows, V) view, or None when that needs a copy."""
+    if is_torch(x):
+        try:
+            return x.view(-1, x.shape[-1])
+        except RuntimeError:
+            return None
+    try:
+        return np.reshape(x, (-1, x.shape[-1]), copy=False)
+    except ValueError:
+        return None
+
+
+def row_blocks(z: Any, r: Any = None) -> Iterator[Tuple[Any, Any]]:
+    """z (and r, of the same shape, or None) as consecutive 2-D (rows, V)
+    views of the same rows, without copying (numpy arrays or tensors)."""
+    if z.ndim == 1:
+        yield z[None], None if r is None else r[None]
+        return
+    zz = _as_rows(z)
+    rr = None if r is None else _as_rows(r)
+    if zz is not None and (r is None or rr is not None):
+        yield zz, rr
+        return
+    for i in range(z.shape[0]):  # not viewable as one block: split the first axis
+        yield from row_blocks(z[i], None if r is None else r[i])
 
 
 @dataclass

@@ -160,26 +160,32 @@ def comparison_from_tokens(nll_m: np.ndarray, nll_r: np.ndarray, kld: np.ndarray
         same_top=Estimate(p_same, math.sqrt(p_same * (1 - p_same) / (n - 1)) if n > 1 else 0.0))
 
 
-def compare(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: int = -100,
+def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: Optional[int] = -100,
+            shift: bool = False, softcap: Optional[float] = None,
             num_threads: Optional[int] = None) -> Comparison:
     """Compare a model's logits with a reference model's on the same tokens
     (llama.cpp's ``perplexity --kl-divergence`` statistics, exactly).
 
-    Both logits are (..., V) with the same shape and dtype; ``targets`` (...)
-    as for :func:`cross_entropy`. Both buffers are read once, together.
+    Both logits are (..., V) with the same shape (or model outputs with
+    ``.logits``); their dtypes may differ (a float32 base against a bfloat16
+    or float16 quantized model), each read in its own dtype. The reference
+    is keyword-only. ``targets`` (...) as for :func:`cross_entropy`
+    (``shift``, ``ignore_index``, ``softcap`` likewise, the cap applied to
+    both). Both buffers are read once, together.
 
-    >>> print(compare(base_logits, quant_logits, targets))   # doctest: +SKIP
+    >>> print(compare(quant_logits, targets, reference_logits=base_logits))   # doctest: +SKIP
     """
-    return comparison_from_tokens(*token_values(reference_logits, logits, targets,
-                                                ignore_index=ignore_index, num_threads=num_threads))
+    return comparison_from_tokens(*token_values(reference_logits, logits, targets, ignore_index=ignore_index,
+                                                shift=shift, softcap=softcap, num_threads=num_threads))
 
 
-def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: int = -100,
-                 num_threads: Optional[int] = None):
+def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
+                 shift: bool = False, softcap: Optional[float] = None, num_threads: Optional[int] = None):
     """Per counted token, from one read of both logits: (nll_m, nll_r, kld,
     same) as :func:`comparison_from_tokens` takes them (concatenate the
     values of several chunks first)."""
-    res = _engine.run(logits, targets, reference_logits, ignore_index=ignore_index,
-                      num_threads=num_threads, nll=True, ref_nll=True, kl=True, argmax=True)
+    res = _engine.run(logits, targets, reference_logits, ignore_index=ignore_index, shift=shift,
+                      softcap=softcap, num_threads=num_threads, nll=True, ref_nll=True, kl=True,
+                      argmax=True)
     c = res.counted
     return res.nll[c], res.ref_nll[c], res.kl[c], res.argmax[c] == res.ref_argmax[c]

@@ -77,11 +77,20 @@ class Evaluator:
     updating chunk by chunk gives the numbers of one call on everything.
     ``kl`` and ``same_top`` are over the counted tokens of updates given
     reference logits (None when there were none).
+
+    The settings of the data, fixed for a loop, are given here:
+    ``ignore_index`` (None: negative targets only), ``shift=True`` for
+    unshifted inputs as Hugging Face passes them (``model(x).logits`` with
+    ``labels``: position t is scored against ``labels[..., t + 1]``),
+    ``softcap``. ``update`` takes the batch only. No gradient flows: tensors
+    are read detached.
     """
 
-    def __init__(self, *, token_bytes: Any = None, ignore_index: int = -100,
-                 softcap: Optional[float] = None, num_threads: Optional[int] = None):
+    def __init__(self, *, token_bytes: Any = None, ignore_index: Optional[int] = -100,
+                 shift: bool = False, softcap: Optional[float] = None,
+                 num_threads: Optional[int] = None):
         self.ignore_index = _engine.check_ignore_index(ignore_index)
+        self.shift = _engine.check_shift(shift)
         _engine.check_softcap(softcap)
         _engine.check_threads(num_threads)
         self.softcap = softcap
@@ -103,13 +112,14 @@ class Evaluator:
             self._token_bytes = as_table(self._token_bytes_in, n_cols, "token_bytes")
         return self._token_bytes
 
-    def update(self, logits: Any, targets: Any, reference_logits: Any = None) -> None:
-        """Add a batch: logits (..., V), targets (...), optional reference
-        logits of the logits' shape and dtype. All or nothing: an error (or
-        a KeyboardInterrupt) leaves the sums as they were."""
+    def update(self, logits: Any, targets: Any, *, reference_logits: Any = None) -> None:
+        """Add a batch: logits (..., V) (or a model output with ``.logits``),
+        targets (...), optional reference logits of the logits' shape (any
+        logits dtype). All or nothing: an error (or a KeyboardInterrupt)
+        leaves the sums as they were."""
         ref = reference_logits is not None
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
-                          softcap=self.softcap, num_threads=self.num_threads,
+                          shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
                           nll=True, entropy=self._full, argmax=self._full, kl=ref)
         table = self._table(res.n_cols)
         st = dict(self._state)
@@ -214,12 +224,17 @@ class Evaluator:
             device = torch.device("cuda", torch.cuda.current_device())
         vals = torch.tensor([float(self._state[k]) for k in keys], dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
-        for k, v in zip(keys, vals.cpu().tolist()):
-            self._state[k] = int(round(v)) if k in _COUNTS else v
+        self._state = state_from_floats(dict(zip(keys, vals.cpu().tolist())))
         return self
 
     def __repr__(self) -> str:
         return f"Evaluator(tokens={self._state['tokens']}, ignore_index={self.ignore_index})"
+
+
+def state_from_floats(values: Dict[str, float]) -> Dict[str, Any]:
+    """An Evaluator state from sums carried as floats (counts rounded back
+    to integers), e.g. after a float64 all-reduce."""
+    return {k: int(round(v)) if k in _COUNTS else float(v) for k, v in values.items()}
 
 
 def _same_table(a: Any, b: Any) -> bool:
@@ -231,18 +246,19 @@ def _same_table(a: Any, b: Any) -> bool:
 
 
 def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_logits: Any = None,
-             ignore_index: int = -100, softcap: Optional[float] = None,
+             ignore_index: Optional[int] = -100, shift: bool = False, softcap: Optional[float] = None,
              num_threads: Optional[int] = None) -> Metrics:
     """Every metric of :class:`Metrics` from one read of the logits.
 
-    ``logits`` (..., V) and ``targets`` (...) as for :func:`cross_entropy`;
-    ``token_bytes[v]`` the UTF-8 byte length of token v (0 for special
-    tokens) for bits per byte; ``reference_logits`` (same shape and dtype)
-    for the mean KL(P_ref || P_model) and the top-1 agreement.
+    ``logits`` (..., V) and ``targets`` (...) as for :func:`cross_entropy`
+    (``shift``, ``ignore_index`` likewise); ``token_bytes[v]`` the UTF-8
+    byte length of token v (0 for special tokens) for bits per byte;
+    ``reference_logits`` (same shape, any logits dtype) for the mean
+    KL(P_ref || P_model) and the top-1 agreement.
     """
-    ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, softcap=softcap,
+    ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift, softcap=softcap,
                    num_threads=num_threads)
-    ev.update(logits, targets, reference_logits)
+    ev.update(logits, targets, reference_logits=reference_logits)
     return ev.compute()
 
 
@@ -266,8 +282,7 @@ def evaluate_bpb(model: Any, batches: Iterable, steps: int, token_bytes: Any) ->
     with torch.no_grad():
         for _ in range(steps):
             x, y = next(it)
-            out = model(x)
-            ev.update(getattr(out, "logits", out), y)
+            ev.update(model(x), y)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         ev.all_reduce()
     return ev.compute().bits_per_byte

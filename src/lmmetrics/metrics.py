@@ -1,10 +1,20 @@
-"""Per-token and corpus metrics from logits and targets.
+"""Per-token, per-sequence and corpus metrics from logits and targets.
 
 All functions take logits shaped (..., V) and integer targets shaped (...):
-numpy arrays (float32, float64, float16, ml_dtypes.bfloat16) or torch CPU
-tensors, read in place. A target equal to ``ignore_index``, and every
-negative target, is ignored: it is not read and counts nowhere. Values are
-in nats unless the name says bits.
+numpy arrays (float32, float64, float16, ml_dtypes.bfloat16) or torch
+tensors (CPU, read in place; CUDA, computed on their device), or a model
+output with ``.logits`` (e.g. transformers' ``CausalLMOutputWithPast``). A
+target equal to ``ignore_index``, and every negative target, is ignored: it
+is not read and counts nowhere (``ignore_index=None`` ignores the negative
+targets only). Values are in nats unless the name says bits.
+
+``shift=True`` takes unshifted inputs as Hugging Face passes them (``labels``
+equal to ``input_ids``, -100 where not scored): position t is scored against
+``targets[..., t + 1]`` and the last position is dropped, without copying
+the logits. Without it, ``targets[..., t]`` is what position t predicts.
+
+These are metrics, not a training loss: tensors that require grad are read
+detached, and no gradient flows to the results.
 """
 from __future__ import annotations
 
@@ -18,21 +28,25 @@ from .convert import LN2, exp
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _per_position(values: np.ndarray, res: _engine.RowResults, dtype=None):
-    """Per-row values shaped like the logits without their vocabulary axis;
-    a torch tensor on the logits' device when the logits are a tensor."""
-    if dtype is None:
-        dtype = np.float64 if res.dtype == "float64" else np.float32
-    arr = values.astype(dtype, copy=False).reshape(res.lead_shape)
+def as_output(values: np.ndarray, res: _engine.RowResults):
+    """values as they go back to the user: a torch tensor on the logits'
+    device when the logits are a tensor, else numpy as given."""
     if res.device is not None:
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(arr)).to(res.device)
-    return arr
+        return torch.as_tensor(np.asarray(values), device=res.device)
+    return values
 
 
-def _nll(logits, targets, ignore_index, softcap, num_threads) -> _engine.RowResults:
-    return _engine.run(logits, targets, ignore_index=ignore_index, softcap=softcap,
+def _per_position(values: np.ndarray, res: _engine.RowResults):
+    """Per-row values shaped like the logits without their vocabulary axis:
+    float64 for float64 logits, else float32."""
+    dtype = np.float64 if res.dtype == "float64" else np.float32
+    return as_output(values.astype(dtype, copy=False).reshape(res.lead_shape), res)
+
+
+def _nll(logits, targets, ignore_index, shift, softcap, num_threads) -> _engine.RowResults:
+    return _engine.run(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                        num_threads=num_threads, nll=True)
 
 
@@ -40,34 +54,41 @@ def _mean(total: float, count: int) -> float:
     return total / count if count else float("nan")
 
 
-def token_nll(logits: Any, targets: Any, *, ignore_index: int = -100, softcap: Optional[float] = None,
-              num_threads: Optional[int] = None):
-    """Negative log-likelihood of each target in nats, shaped like ``targets``.
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+              softcap: Optional[float] = None, num_threads: Optional[int] = None):
+    """Negative log-likelihood of each target in nats, shaped like ``targets``
+    (like ``targets[..., 1:]`` with ``shift=True``).
 
     ``nll = logsumexp(z) - z[y]``, 0.0 where the target is ignored. float32
-    for 16- and 32-bit logits, float64 for float64 logits; a torch tensor when
-    the logits are a torch tensor.
+    for 16- and 32-bit logits, float64 for float64 logits; a torch tensor
+    (on the logits' device, not requiring grad) when the logits are a tensor.
 
     >>> import numpy as np
     >>> token_nll(np.log(np.array([[0.5, 0.25, 0.25]], np.float32)), np.array([0]))
     array([0.6931472], dtype=float32)
     """
-    res = _nll(logits, targets, ignore_index, softcap, num_threads)
+    res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     return _per_position(res.nll, res)
 
 
-def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_index: int = -100,
-                  softcap: Optional[float] = None, num_threads: Optional[int] = None):
-    """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``.
+def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_index: Optional[int] = -100,
+                  shift: bool = False, softcap: Optional[float] = None, num_threads: Optional[int] = None):
+    """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``
+    (with ``shift=True``, as the ``loss`` of a transformers causal LM given
+    ``labels``).
 
     ``reduction="mean"`` averages over counted tokens (nan when none is
     counted), ``"sum"`` adds them, ``"none"`` returns :func:`token_nll`.
     Sums are taken in float64 over per-row float64 values in row order
     (compensated), so they do not depend on the thread count.
     """
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    res = _nll(logits, targets, ignore_index, softcap, num_threads)
+    _check_reduction(reduction)
+    res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     if reduction == "none":
         return _per_position(res.nll, res)
     if reduction == "sum":
@@ -75,18 +96,43 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     return _mean(res.nll_sum, res.n_counted)
 
 
-def perplexity(logits: Any, targets: Any, *, ignore_index: int = -100, softcap: Optional[float] = None,
-               num_threads: Optional[int] = None) -> float:
+def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+               softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
     """exp(mean NLL) over counted tokens."""
-    return exp(cross_entropy(logits, targets, ignore_index=ignore_index, softcap=softcap,
-                                  num_threads=num_threads))
+    return exp(cross_entropy(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
+                             num_threads=num_threads))
 
 
-def bits_per_token(logits: Any, targets: Any, *, ignore_index: int = -100, softcap: Optional[float] = None,
-                   num_threads: Optional[int] = None) -> float:
+def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+                   softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
     """Mean NLL in bits: cross-entropy / ln 2."""
-    return cross_entropy(logits, targets, ignore_index=ignore_index, softcap=softcap,
+    return cross_entropy(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                          num_threads=num_threads) / LN2
+
+
+def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+                  softcap: Optional[float] = None, num_threads: Optional[int] = None):
+    """Per sequence, the log-probability of its counted targets and whether
+    each of them is the argmax: lm-evaluation-harness's ``loglikelihood``
+    (multiple-choice tasks: HellaSwag, ARC, MMLU, ...).
+
+    Sequences run along the second-to-last axis: logits (B, T, V) with
+    targets (B, T) give ``(logprob, is_greedy)`` of shape (B,); (T, V) gives
+    scalars. Mark the context (and padding) with ``ignore_index`` so that
+    only the continuation counts. ``logprob = sum log p(target)`` over the
+    counted positions (float64), ``is_greedy`` is True when every counted
+    target is the argmax of its row (the lowest index on ties). A sequence
+    with no counted target gets ``logprob`` 0.0 and ``is_greedy`` True.
+    numpy (float64, bool) for numpy input, torch tensors on the logits'
+    device for tensor input. One read of the logits.
+    """
+    res = _engine.run(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
+                      num_threads=num_threads, nll=True, argmax=True)
+    if not res.lead_shape:
+        raise ValueError("loglikelihood needs logits with a time axis (..., T, V)")
+    greedy = ~res.counted | (res.argmax == res.targets)
+    logprob = 0.0 - res.nll.reshape(res.lead_shape).sum(axis=-1)
+    return as_output(logprob, res), as_output(greedy.reshape(res.lead_shape).all(axis=-1), res)
 
 
 def unit_sums(res: _engine.RowResults, table: np.ndarray):
@@ -105,19 +151,21 @@ def _per_unit(res: _engine.RowResults, table: np.ndarray, skip_zero: bool) -> fl
     return (nll_with_units if skip_zero else res.nll_sum) / (LN2 * total_units)
 
 
-def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: int = -100,
-                  softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
+def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: Optional[int] = -100,
+                  shift: bool = False, softcap: Optional[float] = None,
+                  num_threads: Optional[int] = None) -> float:
     """Bits per byte with nanochat's semantics.
 
     ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for special
     tokens. Ignored positions and positions whose target has 0 bytes leave
     both sums: ``sum NLL / (ln 2 * sum bytes)``; ``inf`` when no byte counted.
     """
-    res = _nll(logits, targets, ignore_index, softcap, num_threads)
+    res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     return _per_unit(res, as_table(token_bytes, res.n_cols, "token_bytes"), skip_zero=True)
 
 
-def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None, ignore_index: int = -100,
+def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
+                       ignore_index: Optional[int] = -100, shift: bool = False,
                        softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
     """Bits per character.
 
@@ -127,7 +175,7 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None, ig
     (= N/T * ln(PPL) / ln 2 for N tokens spelling T characters); ``inf`` when
     no character was counted.
     """
-    res = _nll(logits, targets, ignore_index, softcap, num_threads)
+    res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     if token_chars is None:
         return _mean(res.nll_sum, res.n_counted) / LN2
     return _per_unit(res, as_table(token_chars, res.n_cols, "token_chars"), skip_zero=False)
@@ -141,23 +189,30 @@ def token_entropy(logits: Any, *, softcap: Optional[float] = None, num_threads: 
     return _per_position(res.entropy, res)
 
 
-def token_kl(reference_logits: Any, logits: Any, *, num_threads: Optional[int] = None):
+def token_kl(logits: Any, *, reference_logits: Any, softcap: Optional[float] = None,
+             num_threads: Optional[int] = None):
     """``KL(softmax(reference_logits) || softmax(logits))`` of each row in
-    nats, shaped like the logits without their vocabulary axis. Both inputs
-    have the same shape and dtype; the reference is the distribution the
-    expectation is taken over (the base model when judging a quantized one).
-    ``inf`` where the reference gives mass to an entry the model rules out."""
-    res = _engine.run(logits, reference=reference_logits, num_threads=num_threads, kl=True)
+    nats, shaped like the logits without their vocabulary axis.
+
+    The reference (keyword-only, so that two same-shaped buffers cannot be
+    swapped silently) is the distribution the expectation is taken over: the
+    base model when judging a quantized one. Both have the same shape; their
+    dtypes may differ (a float32 base against bfloat16 or float16 logits),
+    each read in its own dtype. ``inf`` where the reference gives mass to an
+    entry the model rules out.
+    """
+    res = _engine.run(logits, reference=reference_logits, softcap=softcap, num_threads=num_threads,
+                      kl=True)
     return _per_position(res.kl, res)
 
 
-def kl_divergence(reference_logits: Any, logits: Any, *, reduction: str = "mean",
-                  num_threads: Optional[int] = None):
+def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str = "mean",
+                  softcap: Optional[float] = None, num_threads: Optional[int] = None):
     """KL(P_ref || P_model) over rows: ``"mean"`` (nats per row), ``"sum"``
     or ``"none"`` (as :func:`token_kl`). Sums are taken in float64."""
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    res = _engine.run(logits, reference=reference_logits, num_threads=num_threads, kl=True)
+    _check_reduction(reduction)
+    res = _engine.run(logits, reference=reference_logits, softcap=softcap, num_threads=num_threads,
+                      kl=True)
     if reduction == "none":
         return _per_position(res.kl, res)
     total = float(np.sum(res.kl))

@@ -1,0 +1,169 @@
+"""lmmetrics.torchmetrics against torchmetrics' own Perplexity and nanochat's
+bits per byte, as torchmetrics Metrics (update / forward / compute / reset,
+state sync across two gloo processes)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tm = pytest.importorskip("torchmetrics")
+from torchmetrics.text import Perplexity as TMPerplexity  # noqa: E402
+
+import lmmetrics  # noqa: E402
+from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity  # noqa: E402
+from test_distributed import _free_port, nanochat_bpb  # noqa: E402
+
+V = 211
+
+
+def batches(n=3, B=2, T=17, seed=0, ignore=-100):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        z = torch.randn(B, T, V, generator=g) * 3
+        t = torch.randint(0, V, (B, T), generator=g)
+        t[i % B, : 3 + i] = ignore
+        out.append((z, t))
+    return out
+
+
+def test_import_lmmetrics_imports_neither_torch_nor_torchmetrics():
+    code = "import sys, lmmetrics; assert 'torch' not in sys.modules and 'torchmetrics' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+
+
+def test_perplexity_matches_torchmetrics():
+    ours, theirs = Perplexity(ignore_index=-100), TMPerplexity(ignore_index=-100)
+    assert isinstance(ours, tm.Metric)
+    for z, t in batches():
+        b_ours, b_theirs = ours(z, t), theirs(z, t)  # forward: the batch's value
+        assert b_ours.item() == pytest.approx(b_theirs.item(), rel=1e-5)
+    assert ours.compute().item() == pytest.approx(theirs.compute().item(), rel=1e-5)
+    assert ours.compute().dtype == torch.float64 and ours.nll_sum.dtype == torch.float64
+    ours.reset()
+    with pytest.warns(UserWarning, match="before the ``update``"):
+        assert ours.tokens.item() == 0 and torch.isnan(ours.compute())
+    z, t = batches(n=1, seed=4)[0]
+    ours.update(z, t)
+    theirs.reset()
+    theirs.update(z, t)
+    assert ours.compute().item() == pytest.approx(theirs.compute().item(), rel=1e-5)
+
+
+def test_perplexity_without_ignore_index_and_with_hf_labels():
+    z, t = batches(n=1, ignore=0)[0]
+    assert Perplexity()(z, t).item() == pytest.approx(TMPerplexity()(z, t).item(), rel=1e-5)
+    # unshifted labels (shift=True) = torchmetrics on the shifted view
+    m = Perplexity(shift=True)
+    m.update(z, t)
+    assert m.compute().item() == pytest.approx(TMPerplexity(ignore_index=-100)(z[:, :-1], t[:, 1:]).item(),
+                                               rel=1e-5)
+
+
+def test_bits_per_byte_matches_nanochat():
+    tb = torch.randint(0, 5, (V,), generator=torch.Generator().manual_seed(3))
+    tb[:2] = 0
+    data = batches(ignore=-1)
+    m = BitsPerByte(tb, ignore_index=-1)
+    for z, t in data:
+        m.update(z, t)
+    identity = lambda x: x  # noqa: E731
+    want = nanochat_bpb(identity, data, len(data), tb)
+    assert m.compute().item() == pytest.approx(want, rel=1e-6)
+    with pytest.warns(UserWarning, match="before the ``update``"):
+        assert BitsPerByte(tb).compute().item() == float("inf")
+
+
+def test_language_model_metrics_collection():
+    data = batches()
+    tb = np.arange(V) % 3
+    m = LanguageModelMetrics(token_bytes=tb)
+    theirs = TMPerplexity(ignore_index=-100)
+    for z, t in data:
+        batch = m(z, t, reference_logits=z + 0.5 * torch.sin(z))
+        assert set(batch) >= {"loss", "perplexity", "accuracy", "entropy", "bits_per_byte", "kl", "same_top"}
+        theirs.update(z, t)
+    with pytest.raises(TypeError):
+        m.update(z, t, z)  # the reference is keyword-only
+    got = m.compute()
+    assert got["perplexity"].item() == pytest.approx(theirs.compute().item(), rel=1e-5)
+    z = torch.cat([b[0] for b in data])
+    t = torch.cat([b[1] for b in data])
+    logp = torch.log_softmax(z.double(), -1)
+    c = t >= 0
+    assert got["accuracy"].item() == pytest.approx((z.argmax(-1) == t)[c].double().mean().item())
+    assert got["entropy"].item() == pytest.approx(-(logp.exp() * logp).sum(-1)[c].mean().item(), rel=1e-6)
+    assert got["tokens"].item() == int(c.sum())
+
+
+def test_states_move_with_to():
+    m = Perplexity().to(torch.device("cpu"))
+    z, t = batches(n=1)[0]
+    m.update(z, t)
+    before = m.compute().item()
+    for m2 in (m.to(torch.float32), m.half()):  # the sums must not round
+        assert m2.nll_sum.dtype == m2.tokens.dtype == torch.float64
+        assert m2.compute().item() == pytest.approx(before, rel=1e-7)  # torchmetrics casts the output
+    if torch.cuda.is_available():
+        mc = Perplexity(ignore_index=-100).to("cuda")
+        mc.update(z.cuda(), t.cuda())
+        assert mc.nll_sum.device.type == "cuda" and mc.compute().device.type == "cuda"
+        assert mc.compute().item() == pytest.approx(m.compute().item(), rel=1e-6)
+
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity
+    from test_torchmetrics import batches, V
+
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tb = torch.arange(V) % 4
+    metrics = [Perplexity(ignore_index=-100), BitsPerByte(tb), LanguageModelMetrics(token_bytes=tb)]
+    data = batches(n=5)
+    for z, t in data[:3] if rank == 0 else data[3:]:  # unequal shards
+        for m in metrics:
+            m.update(z, t)
+    ppl, bpb, every = (m.compute() for m in metrics)
+    print(json.dumps({"ppl": ppl.item(), "bpb": bpb.item(), "every": {k: v.item() for k, v in every.items()}}))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_sync_across_two_gloo_processes(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = str(_free_port())
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", port, here], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    data = batches(n=5)
+    tb = torch.arange(V) % 4
+    whole = TMPerplexity(ignore_index=-100)
+    single = LanguageModelMetrics(token_bytes=tb)
+    for z, t in data:
+        whole.update(z, t)
+        single.update(z, t)
+    want = single.compute()
+    for o in outs:  # every rank holds the value over all the data
+        assert o["ppl"] == pytest.approx(whole.compute().item(), rel=1e-5)
+        assert o["ppl"] == pytest.approx(want["perplexity"].item(), rel=1e-12)
+        assert o["bpb"] == pytest.approx(want["bits_per_byte"].item(), rel=1e-12)
+        for k, v in want.items():
+            assert o["every"][k] == pytest.approx(v.item(), rel=1e-12), k
