@@ -1,12 +1,13 @@
 /* The one kernel body: a segment of a row (or of a row pair, for KL) in one
  * pass over memory. lm_instantiate.h includes it once per (ISA, dtype),
  * after an lm_simd_*.h header has defined the vector primitives
- *   VF, VW, LANE_T, v_set1, v_add, v_sub, v_mul, v_div, v_fma (fused),
- *   v_max, v_abs, v_copysign, v_scale, v_pow2q, v_sel_n0, v_zero_below,
- *   v_any_eq, v_store, v_loadu  (and optionally VI16 and v_imax16*),
+ *   lmv_t (a vector of LMV_W lanes of LMV_LANE), lmv_set1, lmv_add, lmv_sub,
+ *   lmv_mul, lmv_div, lmv_fma (fused), lmv_max, lmv_abs, lmv_copysign,
+ *   lmv_scale, lmv_pow2q, lmv_sel_n0, lmv_zero_below, lmv_any_eq, lmv_store,
+ *   lmv_loadu (and optionally lmv_i16_t and lmv_imax16*),
  * and the dtype macros
  *   LM_ELEM            the storage type, LM_ELEM_NEGINF its -inf,
- *   LM_LOAD2(p, a, b)  load 2*VW elements into two vectors (any lane order),
+ *   LM_LOAD2(p, a, b)  load 2*LMV_W elements into two vectors (any lane order),
  *   LM_LANE_ELEM(k)    the element offset of lane position k in [a, b],
  *   LM_FN(name)        this instantiation's name for `name`.
  *
@@ -20,7 +21,7 @@
  * once per block.
  */
 
-#define LM_STEP (2 * VW)
+#define LM_STEP (2 * LMV_W)
 /* block length: at most LM_BLOCK elements and 128 terms per float lane
  * sum, 64 in the KL pass [README: accuracy] */
 #define LM_BLK (64 * LM_STEP < LM_BLOCK ? 64 * LM_STEP : LM_BLOCK)
@@ -60,65 +61,65 @@ LM_INLINE double lm_effective(double shift) { return shift == -INFINITY ? 0.0 : 
 
 #ifdef LM_LIBM_EXP /* float64 lanes: libm [README: float64] */
 #define LM_EXP_LO (-746.0)
-LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) { (void)ic; return lm_softcap(x, c); }
+LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, lmv_t c, lmv_t ic) { (void)ic; return lm_softcap(x, c); }
 /* e^(z - shift) = p * sc */
-LM_INLINE VF LM_FN(expq_)(VF z, VF shift, VF *sc) { *sc = 1.0; return exp(z - shift); }
+LM_INLINE lmv_t LM_FN(expq_)(lmv_t z, lmv_t shift, lmv_t *sc) { *sc = 1.0; return exp(z - shift); }
 /* the lane value of expq_'s second argument for a shift */
-LM_INLINE VF LM_FN(expq_arg_)(double shift) { return shift; }
+LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) { return shift; }
 #else
 #define LM_EXP_LO (-86.0f)
 /* e^r = 1 + r + r^2 D(r), D = c2 + c3 r + c4 r^2 + c5 r^3 (degree-5
  * polynomial, max 2.4 ulp for exp), by Estrin's scheme. Used by the
  * softcap's expm1, which needs the whole range [-ln2/2, ln2/2] for r. */
-LM_INLINE VF LM_FN(exp_d_)(VF r, VF r2) {
-    return v_fma(v_fma(v_set1(0.008312525227665901f), r, v_set1(0.041890114545822144f)), r2,
-                 v_fma(v_set1(0.16667114198207855f), r, v_set1(0.499992311000824f)));
+LM_INLINE lmv_t LM_FN(exp_d_)(lmv_t r, lmv_t r2) {
+    return lmv_fma(lmv_fma(lmv_set1(0.008312525227665901f), r, lmv_set1(0.041890114545822144f)), r2,
+                 lmv_fma(lmv_set1(0.16667114198207855f), r, lmv_set1(0.499992311000824f)));
 }
 /* Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, for x in
  * [LM_EXP_LO, 0]: sets t (n in its low bits), r and r^2, returns D(r), so
  * that e^r = 1 + r + r^2 D(r). */
-LM_INLINE VF LM_FN(reduce_)(VF x, VF *t, VF *r, VF *r2) {
-    *t = v_fma(x, v_set1(1.44269504088896341f), v_set1(LM_MAGIC));
-    *r = v_fma(v_sub(*t, v_set1(LM_MAGIC)), v_set1(-0.69314718055994531f), x);
-    *r2 = v_mul(*r, *r);
+LM_INLINE lmv_t LM_FN(reduce_)(lmv_t x, lmv_t *t, lmv_t *r, lmv_t *r2) {
+    *t = lmv_fma(x, lmv_set1(1.44269504088896341f), lmv_set1(LM_MAGIC));
+    *r = lmv_fma(lmv_sub(*t, lmv_set1(LM_MAGIC)), lmv_set1(-0.69314718055994531f), x);
+    *r2 = lmv_mul(*r, *r);
     return LM_FN(exp_d_)(*r, *r2);
 }
 /* softcap: c tanh(x / c) = sign(x) c (-em1 / (2 + em1)), em1 =
  * expm1(-2|x|/c), accurate near 0 (for n == 0 em1 is q itself)
  * [README: softcap]. */
-LM_INLINE VF LM_FN(cap_)(VF x, VF c, VF ic) {
-    VF y = v_max(v_set1(LM_EXP_LO), v_mul(v_abs(v_mul(x, ic)), v_set1(-2.0f)));
-    VF t, r, r2, d = LM_FN(reduce_)(y, &t, &r, &r2);
-    VF q = v_fma(d, r2, r);                         /* e^r - 1 */
-    VF em1 = v_sel_n0(v_sub(t, v_set1(LM_MAGIC)), q,
-                      v_sub(v_scale(v_add(q, v_set1(1.0f)), t), v_set1(1.0f)));
-    VF tnh = v_div(v_sub(v_set1(0.0f), em1), v_add(em1, v_set1(2.0f)));
-    return v_copysign(v_mul(tnh, c), x);
+LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, lmv_t c, lmv_t ic) {
+    lmv_t y = lmv_max(lmv_set1(LM_EXP_LO), lmv_mul(lmv_abs(lmv_mul(x, ic)), lmv_set1(-2.0f)));
+    lmv_t t, r, r2, d = LM_FN(reduce_)(y, &t, &r, &r2);
+    lmv_t q = lmv_fma(d, r2, r);                         /* e^r - 1 */
+    lmv_t em1 = lmv_sel_n0(lmv_sub(t, lmv_set1(LM_MAGIC)), q,
+                      lmv_sub(lmv_scale(lmv_add(q, lmv_set1(1.0f)), t), lmv_set1(1.0f)));
+    lmv_t tnh = lmv_div(lmv_sub(lmv_set1(0.0f), em1), lmv_add(em1, lmv_set1(2.0f)));
+    return lmv_copysign(lmv_mul(tnh, c), x);
 }
 /* The sums' exp [README: the exp]: e^(z - K ln2f) = p * sc for z in
  * [shift + LM_EXP_LO, shift + LM_HEAD], shift = K ln2f, with no subtraction
  * of the shift: c1 = MAGIC - QK (expq_arg_), t = Q z / ln2 + c1 holds
  * N - QK in its low bits, N = round(Q z / ln2); r = z - N ln2f / Q (one
  * fused rounding, |r| <= ln2 / 2Q); e^r by a polynomial and sc =
- * 2^((N - QK) / Q) from the table and the exponent field (v_pow2q).
+ * 2^((N - QK) / Q) from the table and the exponent field (lmv_pow2q).
  * Q = 2^LM_QBITS (the ISA's choice): 4, a cubic (3e-7 relative); 32, a
  * quadratic (5e-8). NaN in z gives a NaN p. */
 #define LM_Q (1 << LM_QBITS)
-LM_INLINE VF LM_FN(expq_)(VF z, VF c1, VF *sc) {
-    VF t = v_fma(z, v_set1(LM_Q * 1.44269504088896341f), c1); /* Q / ln 2 */
-    VF r = v_fma(v_sub(t, c1), v_set1(-LM_LN2F / LM_Q), z);    /* ln2f / Q, exact */
-    *sc = v_pow2q(t);
+LM_INLINE lmv_t LM_FN(expq_)(lmv_t z, lmv_t c1, lmv_t *sc) {
+    lmv_t t = lmv_fma(z, lmv_set1(LM_Q * 1.44269504088896341f), c1); /* Q / ln 2 */
+    lmv_t r = lmv_fma(lmv_sub(t, c1), lmv_set1(-LM_LN2F / LM_Q), z);    /* ln2f / Q, exact */
+    *sc = lmv_pow2q(t);
 #if LM_QBITS >= 5
-    return v_fma(v_fma(v_set1(0.4999963045120239f), r, v_set1(1.0000146627426147f)), r,
-                 v_set1(1.0f));
+    return lmv_fma(lmv_fma(lmv_set1(0.4999963045120239f), r, lmv_set1(1.0000146627426147f)), r,
+                 lmv_set1(1.0f));
 #else
-    return v_fma(v_fma(v_fma(v_set1(0.16660411655902863f), r, v_set1(0.5003126263618469f)), r,
-                       v_set1(1.0000005960464478f)),
-                 r, v_set1(0.9999997019767761f));
+    return lmv_fma(lmv_fma(lmv_fma(lmv_set1(0.16660411655902863f), r, lmv_set1(0.5003126263618469f)), r,
+                       lmv_set1(1.0000005960464478f)),
+                 r, lmv_set1(0.9999997019767761f));
 #endif
 }
-LM_INLINE VF LM_FN(expq_arg_)(double shift) {
-    return v_set1(LM_MAGIC - (float)(LM_Q * shift / LM_LN2F));
+LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) {
+    return lmv_set1(LM_MAGIC - (float)(LM_Q * shift / LM_LN2F));
 }
 #endif
 
@@ -146,28 +147,28 @@ LM_INLINE VF LM_FN(expq_arg_)(double shift) {
  * it is on and, in the tail (valid < LM_STEP real elements, the rest
  * padding), the padding set to -inf after the cap, so that it adds nothing
  * in any mode (capped, -inf padding would be -c: a value like any other). */
-typedef struct { VF c, ic; int capped; int64_t valid; } LM_FN(loader_t);
+typedef struct { lmv_t c, ic; int capped; int64_t valid; } LM_FN(loader_t);
 
 LM_INLINE LM_FN(loader_t) LM_FN(loader_)(int capped, float cap, int64_t valid) {
     LM_FN(loader_t) ld;
-    ld.c = v_set1(capped ? cap : 1.0f);
-    ld.ic = v_set1(capped ? 1.0f / cap : 1.0f);
+    ld.c = lmv_set1(capped ? cap : 1.0f);
+    ld.ic = lmv_set1(capped ? 1.0f / cap : 1.0f);
     ld.capped = capped;
     ld.valid = valid;
     return ld;
 }
 
-LM_INLINE void LM_FN(unpad_)(VF *a, VF *b, int64_t valid) {
-    LANE_T tmp[LM_STEP];
-    v_store(tmp, *a);
-    v_store(tmp + VW, *b);
+LM_INLINE void LM_FN(unpad_)(lmv_t *a, lmv_t *b, int64_t valid) {
+    LMV_LANE tmp[LM_STEP];
+    lmv_store(tmp, *a);
+    lmv_store(tmp + LMV_W, *b);
     for (int k = 0; k < LM_STEP; k++)
-        if (LM_LANE_ELEM(k) >= valid) tmp[k] = (LANE_T)-INFINITY;
-    *a = v_loadu(tmp);
-    *b = v_loadu(tmp + VW);
+        if (LM_LANE_ELEM(k) >= valid) tmp[k] = (LMV_LANE)-INFINITY;
+    *a = lmv_loadu(tmp);
+    *b = lmv_loadu(tmp + LMV_W);
 }
 
-LM_INLINE void LM_FN(load_)(const LM_ELEM *p, const LM_FN(loader_t) ld, VF *a, VF *b) {
+LM_INLINE void LM_FN(load_)(const LM_ELEM *p, const LM_FN(loader_t) ld, lmv_t *a, lmv_t *b) {
     LM_LOAD2(p, *a, *b);
     if (ld.capped) {
         *a = LM_FN(cap_)(*a, ld.c, ld.ic);
@@ -178,47 +179,47 @@ LM_INLINE void LM_FN(load_)(const LM_ELEM *p, const LM_FN(loader_t) ld, VF *a, V
 
 /* ------------------------------------------------------ maxima, argmax */
 
-LM_INLINE LANE_T LM_FN(hmax_)(VF v) {
-    LANE_T tmp[VW], m;
-    v_store(tmp, v);
+LM_INLINE LMV_LANE LM_FN(hmax_)(lmv_t v) {
+    LMV_LANE tmp[LMV_W], m;
+    lmv_store(tmp, v);
     m = tmp[0];
-    for (int k = 1; k < VW; k++) m = tmp[k] > m ? tmp[k] : m;
+    for (int k = 1; k < LMV_W; k++) m = tmp[k] > m ? tmp[k] : m;
     return m;
 }
 
-LM_INLINE double LM_FN(hsum_)(VF v) {
-    LANE_T tmp[VW];
+LM_INLINE double LM_FN(hsum_)(lmv_t v) {
+    LMV_LANE tmp[LMV_W];
     double s = 0.0;
-    v_store(tmp, v);
-    for (int k = 0; k < VW; k++) s += (double)tmp[k];
+    lmv_store(tmp, v);
+    for (int k = 0; k < LMV_W; k++) s += (double)tmp[k];
     return s;
 }
 
 /* max over len elements (len a multiple of LM_STEP); NaN is skipped here and
  * caught by the exp pass. */
-LM_INLINE LANE_T LM_FN(max_)(const LM_ELEM *z, int64_t len, const LM_FN(loader_t) ld) {
-    VF m0 = v_set1(-INFINITY), m1 = m0;
+LM_INLINE LMV_LANE LM_FN(max_)(const LM_ELEM *z, int64_t len, const LM_FN(loader_t) ld) {
+    lmv_t m0 = lmv_set1(-INFINITY), m1 = m0;
     for (int64_t j = 0; j < len; j += LM_STEP) {
-        VF a, b;
+        lmv_t a, b;
         LM_FN(load_)(z + j, ld, &a, &b);
-        m0 = v_max(a, m0);
-        m1 = v_max(b, m1);
+        m0 = lmv_max(a, m0);
+        m1 = lmv_max(b, m1);
     }
-    return LM_FN(hmax_)(v_max(m0, m1));
+    return LM_FN(hmax_)(lmv_max(m0, m1));
 }
 
 /* first index in [0, len) whose (capped) value equals bm: a vector test
  * per step, a lane scan only in the step that holds it */
-LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, const LM_FN(loader_t) ld) {
-    const VF vbm = v_set1(bm);
+LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LMV_LANE bm, const LM_FN(loader_t) ld) {
+    const lmv_t vbm = lmv_set1(bm);
     for (int64_t j = 0; j < len; j += LM_STEP) {
-        VF a, b;
-        LANE_T tmp[LM_STEP];
+        lmv_t a, b;
+        LMV_LANE tmp[LM_STEP];
         int64_t best = -1;
         LM_FN(load_)(z + j, ld, &a, &b);
-        if (!(v_any_eq(a, vbm) || v_any_eq(b, vbm))) continue;
-        v_store(tmp, a);
-        v_store(tmp + VW, b);
+        if (!(lmv_any_eq(a, vbm) || lmv_any_eq(b, vbm))) continue;
+        lmv_store(tmp, a);
+        lmv_store(tmp + LMV_W, b);
         for (int k = 0; k < LM_STEP; k++)
             if (tmp[k] == bm && (best < 0 || LM_LANE_ELEM(k) < best)) best = LM_LANE_ELEM(k);
         if (best >= 0) return j + best;
@@ -226,18 +227,18 @@ LM_INLINE int64_t LM_FN(find_)(const LM_ELEM *z, int64_t len, LANE_T bm, const L
     return 0;
 }
 
-#if LM_RAW16 && defined(v_imax16)
+#if LM_RAW16 && defined(lmv_imax16)
 #define LM_RAWMAX 1
 /* A 16-bit block's max from the signed 16-bit max of its raw bits (one
  * integer max a vector instead of a float max per half): exact when that
  * is a number >= +0, sign-magnitude ordering like the integers there. A
  * block of negative numbers only, or holding a positive NaN, takes the
  * float max again, from L1. */
-LM_INLINE LANE_T LM_FN(rawmax_)(VI16 acc, const LM_ELEM *z, int64_t len) {
-    int16_t tmp[sizeof(VI16) / 2];
+LM_INLINE LMV_LANE LM_FN(rawmax_)(lmv_i16_t acc, const LM_ELEM *z, int64_t len) {
+    int16_t tmp[sizeof(lmv_i16_t) / 2];
     int m = -32768;
-    v_imax16_store(tmp, acc);
-    for (int k = 0; k < (int)(sizeof(VI16) / 2); k++) m = tmp[k] > m ? tmp[k] : m;
+    lmv_imax16_store(tmp, acc);
+    for (int k = 0; k < (int)(sizeof(lmv_i16_t) / 2); k++) m = tmp[k] > m ? tmp[k] : m;
     if (m >= 0 && m <= LM_ELEM_POSINF) return LM_ELEM_TO_FLOAT((uint16_t)m);
     return LM_FN(max_)(z, len, LM_FN(loader_)(0, 1.0f, LM_STEP));
 }
@@ -250,18 +251,18 @@ LM_INLINE LANE_T LM_FN(rawmax_)(VI16 acc, const LM_ELEM *z, int64_t len) {
 /* What a block's terms need: per side the clamp (shift + LM_EXP_LO),
  * expq_'s argument for the shift, and the lane max that d = z - max is
  * formed against (the max so far: a one-hot row's d is then 0). */
-typedef struct { VF lo, arg, lane_max; } LM_FN(terms_t);
+typedef struct { lmv_t lo, arg, lane_max; } LM_FN(terms_t);
 
 /* The float lane sums of a block: sum e, sum e d, the reference's sum e_r
  * and cross term sum e_r (d_r - d), the maxima, and the largest cross
  * difference (see LM_CROSS_BIG). */
-typedef struct { VF sum, dsum, ref_sum, cross, max, ref_max, cross_max; } LM_FN(lanes_t);
+typedef struct { lmv_t sum, dsum, ref_sum, cross, max, ref_max, cross_max; } LM_FN(lanes_t);
 
-LM_INLINE LM_FN(terms_t) LM_FN(terms_)(double shift, LANE_T lane_max) {
+LM_INLINE LM_FN(terms_t) LM_FN(terms_)(double shift, LMV_LANE lane_max) {
     LM_FN(terms_t) k;
-    k.lo = v_set1((LANE_T)(shift + LM_EXP_LO));
+    k.lo = lmv_set1((LMV_LANE)(shift + LM_EXP_LO));
     k.arg = LM_FN(expq_arg_)(shift);
-    k.lane_max = v_set1(lane_max);
+    k.lane_max = lmv_set1(lane_max);
     return k;
 }
 
@@ -269,21 +270,21 @@ LM_INLINE LM_FN(terms_t) LM_FN(terms_)(double shift, LANE_T lane_max) {
  * max, clamp (a NaN survives it), e = p sc, sum += p sc fused (the same in
  * every mode). Each vector is done before the next, to keep few values
  * live. */
-LM_INLINE void LM_FN(term_)(VF x, VF y, const LM_FN(terms_t) *kz, const LM_FN(terms_t) *kr,
+LM_INLINE void LM_FN(term_)(lmv_t x, lmv_t y, const LM_FN(terms_t) *kz, const LM_FN(terms_t) *kr,
                              const int ent, const int ref, const int track_max, LM_FN(lanes_t) *a) {
-    VF xc = v_max(kz->lo, x), sc, p;
-    if (track_max) a->max = v_max(x, a->max);
+    lmv_t xc = lmv_max(kz->lo, x), sc, p;
+    if (track_max) a->max = lmv_max(x, a->max);
     p = LM_FN(expq_)(xc, kz->arg, &sc);
-    a->sum = v_fma(p, sc, a->sum);
-    if (ent) a->dsum = v_fma(v_mul(p, sc), v_sub(xc, kz->lane_max), a->dsum);
+    a->sum = lmv_fma(p, sc, a->sum);
+    if (ent) a->dsum = lmv_fma(lmv_mul(p, sc), lmv_sub(xc, kz->lane_max), a->dsum);
     if (ref) {
-        VF yc = v_max(kr->lo, y), d;
-        if (track_max) a->ref_max = v_max(y, a->ref_max);
+        lmv_t yc = lmv_max(kr->lo, y), d;
+        if (track_max) a->ref_max = lmv_max(y, a->ref_max);
         p = LM_FN(expq_)(yc, kr->arg, &sc);
-        a->ref_sum = v_fma(p, sc, a->ref_sum);
-        d = v_sub(v_sub(y, kr->lane_max), v_sub(x, kz->lane_max));
-        a->cross_max = v_max(d, a->cross_max);
-        a->cross = v_fma(v_mul(p, sc), v_zero_below(d, y, kr->lo), a->cross);
+        a->ref_sum = lmv_fma(p, sc, a->ref_sum);
+        d = lmv_sub(lmv_sub(y, kr->lane_max), lmv_sub(x, kz->lane_max));
+        a->cross_max = lmv_max(d, a->cross_max);
+        a->cross = lmv_fma(lmv_mul(p, sc), lmv_zero_below(d, y, kr->lo), a->cross);
     }
 }
 
@@ -291,7 +292,7 @@ LM_INLINE void LM_FN(term_)(VF x, VF y, const LM_FN(terms_t) *kz, const LM_FN(te
  * given (sum, dsum, ref_sum, cross as in lanes_t), and its maxima. */
 typedef struct {
     double sum, dsum, ref_sum, cross;
-    LANE_T max, ref_max;
+    LMV_LANE max, ref_max;
     int nan;       /* 1: NaN in the model's values, 2: in the reference's */
     int cross_big; /* some cross difference passed LM_CROSS_BIG */
 } LM_FN(block_t);
@@ -304,26 +305,26 @@ typedef struct {
  * does the block again if its maxima pass the maxima before by more than
  * LM_HEAD. */
 LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len, const char *pf,
-                                        double shift, double ref_shift, LANE_T lane_max,
-                                        LANE_T ref_lane_max, const int ent, const int ref,
+                                        double shift, double ref_shift, LMV_LANE lane_max,
+                                        LMV_LANE ref_lane_max, const int ent, const int ref,
                                         const LM_FN(loader_t) ld) {
     const int capped = ld.capped;
     const LM_FN(terms_t) kz = LM_FN(terms_)(shift, lane_max), kr = LM_FN(terms_)(ref_shift, ref_lane_max);
-    const VF zero = v_set1(0.0f), neginf = v_set1(-INFINITY);
+    const lmv_t zero = lmv_set1(0.0f), neginf = lmv_set1(-INFINITY);
     /* one lane sum per sum: the loop then fits AVX2's 16 registers */
     LM_FN(lanes_t) a = {zero, zero, zero, zero, neginf, neginf, neginf};
     LM_FN(block_t) out;
 #if LM_RAWMAX
-    VI16 imx = v_imax16_init(), rimx = imx;
+    lmv_i16_t imx = lmv_imax16_init(), rimx = imx;
 #endif
     for (int64_t j = 0; j < len; j += LM_STEP) {
-        VF za, zb, ra = zero, rb = zero;
+        lmv_t za, zb, ra = zero, rb = zero;
         LM_FN(load_)(z + j, ld, &za, &zb);
         LM_PREFETCH(pf + j * (int64_t)sizeof(LM_ELEM));
 #if LM_RAWMAX
         if (!capped) {
-            imx = v_imax16(imx, z + j);
-            if (ref) rimx = v_imax16(rimx, r + j);
+            imx = lmv_imax16(imx, z + j);
+            if (ref) rimx = lmv_imax16(rimx, r + j);
         }
 #endif
         if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
@@ -340,12 +341,12 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
 #if LM_RAWMAX
     if (!capped) {
         out.max = LM_FN(rawmax_)(imx, z, len);
-        out.ref_max = ref ? LM_FN(rawmax_)(rimx, r, len) : (LANE_T)-INFINITY;
+        out.ref_max = ref ? LM_FN(rawmax_)(rimx, r, len) : (LMV_LANE)-INFINITY;
     } else
 #endif
     {
         out.max = LM_FN(hmax_)(a.max);
-        out.ref_max = ref ? LM_FN(hmax_)(a.ref_max) : (LANE_T)-INFINITY;
+        out.ref_max = ref ? LM_FN(hmax_)(a.ref_max) : (LMV_LANE)-INFINITY;
     }
     /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
     out.nan = (isnan(out.sum) ? 1 : 0) | (ref && isnan(out.ref_sum) ? 2 : 0);
@@ -358,9 +359,9 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
 #ifndef LM_LIBM_EXP
 /* exact / computed exp(m - shift), m a lane value [README: fix] */
 LM_INLINE double LM_FN(fix_)(double m, double shift) {
-    LANE_T e[VW];
-    VF sc, p = LM_FN(expq_)(v_set1(m), LM_FN(expq_arg_)(shift), &sc);
-    v_store(e, v_mul(p, sc));
+    LMV_LANE e[LMV_W];
+    lmv_t sc, p = LM_FN(expq_)(lmv_set1(m), LM_FN(expq_arg_)(shift), &sc);
+    lmv_store(e, lmv_mul(p, sc));
     return exp(m - shift) / (double)e[0];
 }
 #endif
@@ -403,13 +404,13 @@ LM_INLINE int LM_FN(lift_ref_)(lm_side *rs, double *cross, double bm) {
 }
 
 /* The lane value d is formed against: the max so far, or the shift in use */
-LM_INLINE LANE_T LM_FN(lane_max_)(const lm_side *sd) {
-    return (LANE_T)(sd->max == -INFINITY ? lm_effective(sd->shift) : sd->max);
+LM_INLINE LMV_LANE LM_FN(lane_max_)(const lm_side *sd) {
+    return (LMV_LANE)(sd->max == -INFINITY ? lm_effective(sd->shift) : sd->max);
 }
 
 /* A first look at a side's maxima (the first block): its first shift.
  * Returns 1 when the row takes the exact path (+inf, or out of range). */
-LM_INLINE int LM_FN(first_)(lm_side *sd, LANE_T bm) {
+LM_INLINE int LM_FN(first_)(lm_side *sd, LMV_LANE bm) {
     if (bm > -INFINITY) {
         sd->shift = LM_FN(shift_of_)(bm);
         sd->max = bm;
@@ -515,14 +516,14 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         if (zs.block >= 0) {
             const LM_FN(span_t) sp = LM_FN(span_)(zs.block, nmain, blk, nv, z, NULL, tz, tr, ld, ldt);
             st->argmax = (zs.block < nmain ? zs.block * blk : nv) +
-                         LM_FN(find_)(sp.z, sp.len, (LANE_T)zs.max, sp.ld);
+                         LM_FN(find_)(sp.z, sp.len, (LMV_LANE)zs.max, sp.ld);
         } else {
             st->argmax = -1;
         }
         if (ref && rs.block >= 0) {
             const LM_FN(span_t) sp = LM_FN(span_)(rs.block, nmain, blk, nv, r, NULL, tr, tr, ld, ldt);
             st->ref_argmax = (rs.block < nmain ? rs.block * blk : nv) +
-                             LM_FN(find_)(sp.z, sp.len, (LANE_T)rs.max, sp.ld);
+                             LM_FN(find_)(sp.z, sp.len, (LMV_LANE)rs.max, sp.ld);
         } else {
             st->ref_argmax = -1;
         }

@@ -193,8 +193,8 @@ static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
     double ref_to = a->ref_shift > b->ref_shift ? a->ref_shift : b->ref_shift;
     double ea = lm_scale(a->shift, a->sum, to), eb = lm_scale(b->shift, b->sum, to);
     a->cross = lm_cross(a, to, ref_to) + lm_cross(b, to, ref_to);
-    a->dsum = (ea ? ea * (a->dsum + (a->shift - to) * a->sum) : 0.0) +
-              (eb ? eb * (b->dsum + (b->shift - to) * b->sum) : 0.0);
+    a->dsum = (ea != 0.0 ? ea * (a->dsum + (a->shift - to) * a->sum) : 0.0) +
+              (eb != 0.0 ? eb * (b->dsum + (b->shift - to) * b->sum) : 0.0);
     a->sum = a->sum * ea + b->sum * eb;
     if (b->max > a->max) {
         if (b->argmax >= 0) a->argmax = b->argmax + offset;

@@ -17,7 +17,7 @@
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f32)
 #include "lm_body.h"
 static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
-    return LM_FN(max_)(p, n, LM_FN(loader_)(0, 1.0f, 2 * VW));
+    return LM_FN(max_)(p, n, LM_FN(loader_)(0, 1.0f, 2 * LMV_W));
 }
 #undef LM_ELEM
 #undef LM_ELEM_NEGINF

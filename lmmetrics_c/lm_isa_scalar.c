@@ -2,12 +2,12 @@
  * float64 input runs in double lanes with libm's exp. */
 #include "lm_internal.h"
 
-#define LANE_T float
+#define LMV_LANE float
 #include "lm_simd_scalar.h"
 #include "lm_instantiate.h"
-#undef LANE_T
+#undef LMV_LANE
 
-#define LANE_T double
+#define LMV_LANE double
 #define LM_LIBM_EXP
 #include "lm_simd_scalar.h"
 #define LM_ELEM double

@@ -5,41 +5,41 @@
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx2
-typedef __m256 VF;
-typedef float LANE_T;
-#define VW 8
-#define v_set1(x) _mm256_set1_ps((float)(x))
-#define v_add _mm256_add_ps
-#define v_sub _mm256_sub_ps
-#define v_mul _mm256_mul_ps
-#define v_div _mm256_div_ps
-#define v_fma _mm256_fmadd_ps
+typedef __m256 lmv_t;
+typedef float LMV_LANE;
+#define LMV_W 8
+#define lmv_set1(x) _mm256_set1_ps((float)(x))
+#define lmv_add _mm256_add_ps
+#define lmv_sub _mm256_sub_ps
+#define lmv_mul _mm256_mul_ps
+#define lmv_div _mm256_div_ps
+#define lmv_fma _mm256_fmadd_ps
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
-#define v_max _mm256_max_ps
-#define v_store _mm256_storeu_ps
-#define v_loadu _mm256_loadu_ps
-#define v_abs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
-#define v_copysign(mag, s)                                                     \
-    _mm256_or_ps(v_abs(mag), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
+#define lmv_max _mm256_max_ps
+#define lmv_store _mm256_storeu_ps
+#define lmv_loadu _mm256_loadu_ps
+#define lmv_abs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
+#define lmv_copysign(mag, s)                                                     \
+    _mm256_or_ps(lmv_abs(mag), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))
 /* p * 2^n, n in [-125, 0] held in the low mantissa bits of t: add n to
  * p's exponent field */
-#define v_scale(p, t)                                                          \
+#define lmv_scale(p, t)                                                          \
     _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),               \
         _mm256_slli_epi32(_mm256_castps_si256(t), 23)))
 /* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE4) */
 #define LM_QBITS 2
-#define v_pow2q(t)                                                             \
+#define lmv_pow2q(t)                                                             \
     _mm256_castsi256_ps(_mm256_add_epi32(                                      \
         _mm256_castps_si256(_mm256_permutevar_ps(                              \
             _mm256_castsi256_ps(_mm256_setr_epi32(LM_POW2Q_TABLE4, LM_POW2Q_TABLE4)), \
             _mm256_castps_si256(t))),                                          \
         _mm256_slli_epi32(_mm256_castps_si256(t), 23 - LM_QBITS)))
-#define v_sel_n0(n, a, b)                                                      \
+#define lmv_sel_n0(n, a, b)                                                      \
     _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
 /* nonzero when some lane of a equals the same lane of b */
-#define v_any_eq(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ))
+#define lmv_any_eq(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ))
 /* x where y >= lo, else 0 (NaN in y: 0) */
-#define v_zero_below(x, y, lo) _mm256_and_ps(x, _mm256_cmp_ps(y, lo, _CMP_GE_OQ))
+#define lmv_zero_below(x, y, lo) _mm256_and_ps(x, _mm256_cmp_ps(y, lo, _CMP_GE_OQ))
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = _mm256_loadu_ps(p); b = _mm256_loadu_ps((p) + 8); } while (0)

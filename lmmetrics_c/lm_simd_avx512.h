@@ -5,34 +5,34 @@
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx512
-typedef __m512 VF;
-typedef float LANE_T;
-#define VW 16
-#define v_set1(x) _mm512_set1_ps((float)(x))
-#define v_add _mm512_add_ps
-#define v_sub _mm512_sub_ps
-#define v_mul _mm512_mul_ps
-#define v_div _mm512_div_ps
-#define v_fma _mm512_fmadd_ps
+typedef __m512 lmv_t;
+typedef float LMV_LANE;
+#define LMV_W 16
+#define lmv_set1(x) _mm512_set1_ps((float)(x))
+#define lmv_add _mm512_add_ps
+#define lmv_sub _mm512_sub_ps
+#define lmv_mul _mm512_mul_ps
+#define lmv_div _mm512_div_ps
+#define lmv_fma _mm512_fmadd_ps
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
-#define v_max _mm512_max_ps
-#define v_store _mm512_storeu_ps
-#define v_loadu _mm512_loadu_ps
-#define v_abs(x) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x),  \
+#define lmv_max _mm512_max_ps
+#define lmv_store _mm512_storeu_ps
+#define lmv_loadu _mm512_loadu_ps
+#define lmv_abs(x) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x),  \
     _mm512_set1_epi32(0x7fffffff)))
-#define v_copysign(mag, s) _mm512_castsi512_ps(_mm512_or_si512(                \
-    _mm512_castps_si512(v_abs(mag)), _mm512_and_si512(_mm512_castps_si512(s),  \
+#define lmv_copysign(mag, s) _mm512_castsi512_ps(_mm512_or_si512(                \
+    _mm512_castps_si512(lmv_abs(mag)), _mm512_and_si512(_mm512_castps_si512(s),  \
     _mm512_set1_epi32((int)0x80000000u))))
 /* p * 2^n, n in [-125, 0] held in the low mantissa bits of t: add n to
  * p's exponent field */
-#define v_scale(p, t)                                                          \
+#define lmv_scale(p, t)                                                          \
     _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),               \
         _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
 /* 2^(n + j/32) for t holding 32n + j in its low bits (see
  * LM_POW2Q_TABLE32_LO): a two-register permute looks up all 32 entries */
 #define LM_QBITS 5
 #define LM_SETR16(...) _mm512_setr_epi32(__VA_ARGS__) /* expands the table first */
-#define v_pow2q(t)                                                             \
+#define lmv_pow2q(t)                                                             \
     _mm512_castsi512_ps(_mm512_add_epi32(                                      \
         _mm512_castps_si512(_mm512_permutex2var_ps(                            \
             _mm512_castsi512_ps(LM_SETR16(LM_POW2Q_TABLE32_LO)),       \
@@ -41,16 +41,16 @@ typedef float LANE_T;
         _mm512_slli_epi32(_mm512_castps_si512(t), 23 - LM_QBITS)))
 /* 16-bit dtypes take a block's max on the raw bits (one signed 16-bit max
  * per 32 elements; see LM_RAWMAX in lm_body.h) */
-typedef __m512i VI16;
-#define v_imax16_init() _mm512_set1_epi16(-32768)
-#define v_imax16(acc, p) _mm512_max_epi16(acc, _mm512_loadu_si512((const void *)(p)))
-#define v_imax16_store(p, v) _mm512_storeu_si512((void *)(p), v)
-#define v_sel_n0(n, a, b)                                                      \
+typedef __m512i lmv_i16_t;
+#define lmv_imax16_init() _mm512_set1_epi16(-32768)
+#define lmv_imax16(acc, p) _mm512_max_epi16(acc, _mm512_loadu_si512((const void *)(p)))
+#define lmv_imax16_store(p, v) _mm512_storeu_si512((void *)(p), v)
+#define lmv_sel_n0(n, a, b)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
 /* nonzero when some lane of a equals the same lane of b */
-#define v_any_eq(a, b) _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ)
+#define lmv_any_eq(a, b) _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ)
 /* x where y >= lo, else 0 (NaN in y: 0) */
-#define v_zero_below(x, y, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, lo, _CMP_GE_OQ), x)
+#define lmv_zero_below(x, y, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, lo, _CMP_GE_OQ), x)
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = _mm512_loadu_ps(p); b = _mm512_loadu_ps((p) + 16); } while (0)

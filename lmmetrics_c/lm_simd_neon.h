@@ -8,27 +8,27 @@
 #include <arm_neon.h>
 
 #define LM_ISA_TAG neon
-typedef float32x4_t VF;
-typedef float LANE_T;
-#define VW 4
-#define v_set1(x) vdupq_n_f32((float)(x))
-#define v_loadu(p) vld1q_f32((const float *)(p)) /* VW lanes, unaligned */
-#define v_add vaddq_f32
-#define v_sub vsubq_f32
-#define v_mul vmulq_f32
-#define v_div vdivq_f32
-#define v_fma(a, b, c) vfmaq_f32(c, a, b) /* a * b + c, one rounding */
+typedef float32x4_t lmv_t;
+typedef float LMV_LANE;
+#define LMV_W 4
+#define lmv_set1(x) vdupq_n_f32((float)(x))
+#define lmv_loadu(p) vld1q_f32((const float *)(p)) /* LMV_W lanes, unaligned */
+#define lmv_add vaddq_f32
+#define lmv_sub vsubq_f32
+#define lmv_mul vmulq_f32
+#define lmv_div vdivq_f32
+#define lmv_fma(a, b, c) vfmaq_f32(c, a, b) /* a * b + c, one rounding */
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped (as x86's
  * max; NEON's own vmaxq_f32 would return a NaN from either side) */
-#define v_max(a, b) vbslq_f32(vcgtq_f32(a, b), a, b)
-#define v_store vst1q_f32
-#define v_abs vabsq_f32
-#define v_copysign(mag, s) vbslq_f32(vdupq_n_u32(0x80000000u), s, mag)
+#define lmv_max(a, b) vbslq_f32(vcgtq_f32(a, b), a, b)
+#define lmv_store vst1q_f32
+#define lmv_abs vabsq_f32
+#define lmv_copysign(mag, s) vbslq_f32(vdupq_n_u32(0x80000000u), s, mag)
 #define LM_NEON_I(x) vreinterpretq_s32_f32(x)
 #define LM_NEON_F(x) vreinterpretq_f32_s32(x)
 /* p * 2^n, n in [-125, 0] held in the low mantissa bits of t: add n to
  * p's exponent field */
-#define v_scale(p, t) LM_NEON_F(vaddq_s32(LM_NEON_I(p), vshlq_n_s32(LM_NEON_I(t), 23)))
+#define lmv_scale(p, t) LM_NEON_F(vaddq_s32(LM_NEON_I(p), vshlq_n_s32(LM_NEON_I(t), 23)))
 /* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE4):
  * one byte table lookup, lane k taking bytes 4j .. 4j + 3 */
 #define LM_QBITS 2
@@ -37,13 +37,13 @@ static const int32_t lm_neon_pow2q_tab[4] = {LM_POW2Q_TABLE4};
     vreinterpretq_s32_u8(vqtbl1q_u8(vreinterpretq_u8_s32(vld1q_s32(lm_neon_pow2q_tab)), \
         vreinterpretq_u8_u32(vmlaq_n_u32(vdupq_n_u32(0x03020100u),             \
             vandq_u32(vreinterpretq_u32_f32(t), vdupq_n_u32(3u)), 0x04040404u))))
-#define v_pow2q(t)                                                             \
+#define lmv_pow2q(t)                                                             \
     LM_NEON_F(vaddq_s32(LM_NEON_TAB4(t), vshlq_n_s32(LM_NEON_I(t), 23 - LM_QBITS)))
-#define v_sel_n0(n, a, b) vbslq_f32(vceqq_f32(n, vdupq_n_f32(0.0f)), a, b)
+#define lmv_sel_n0(n, a, b) vbslq_f32(vceqq_f32(n, vdupq_n_f32(0.0f)), a, b)
 /* nonzero when some lane of a equals the same lane of b */
-#define v_any_eq(a, b) vmaxvq_u32(vceqq_f32(a, b))
+#define lmv_any_eq(a, b) vmaxvq_u32(vceqq_f32(a, b))
 /* x where y >= lo, else 0 (NaN in y: 0) */
-#define v_zero_below(x, y, lo)                                                 \
+#define lmv_zero_below(x, y, lo)                                                 \
     vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), vcgeq_f32(y, lo)))
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
