@@ -63,9 +63,11 @@ def ref_kl(r, z):
 
 # hypothesis profiles for the property suites (tests/test_fuzz.py; tests
 # with their own @settings, as test_properties.py, keep their counts):
-# "ci" (the default) runs 800 examples per property test (4 fuzz properties
-# + 3 exception properties: 5,600 cases, about a minute on 2 cores);
-# HYPOTHESIS_PROFILE=long runs 5,000 per test (35,000 cases).
+# "ci" (the default) runs up to 800 examples per property test: 3,200 fuzz
+# cases (4 properties) + 800 shape-mismatch cases + the two small exception
+# spaces exhausted (14 + 24), about a minute on 2 cores;
+# HYPOTHESIS_PROFILE=long runs up to 5,000 per test: 20,000 fuzz cases +
+# 5,000 shape-mismatch cases (+ the 38 exhaustive ones).
 import os  # noqa: E402
 
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -560,6 +560,7 @@ def cases(draw, ref=False, targets=True, allow_nan=True):
 # Regression examples (one per known bug class)
 
 M32 = float(np.finfo(np.float32).min)
+M64 = float(np.finfo(np.float64).min)
 BUG_EXAMPLES = [
     # a. softcap with V not a multiple of the vector step
     Case(dtype="float32", lead=(1,), V=1, values=((0.0,),), targets=(0,), softcap=1.0),
@@ -600,6 +601,7 @@ EXTRA_NLL_EXAMPLES = [
 # found by this suite: the model rules out (-inf, or +inf elsewhere) an
 # entry whose reference probability underflows: KL is inf, not NaN / an error
 EXTRA_KL_EXAMPLES = [
+    Case(dtype="float64", lead=(1,), V=3, values=((M64, M64, 0.0),), ref="same"),
     Case(dtype="float64", lead=(1,), V=2, values=((-np.inf, 0.0),), ref_values=((0.0, 1e3),),
          ref="independent"),
     Case(dtype="float32", lead=(1,), V=2, values=((-np.inf, 0.0),), ref_values=((0.0, 1e6),),
@@ -685,6 +687,8 @@ def test_nll_matches_float64(c):
 
 
 @examples(*[c for c in BUG_EXAMPLES if c.softcap is not None or c.container == "bigendian"],
+          # found by this suite: float64 masks at finfo(float64).min are no NaN
+          Case(dtype="float64", lead=(1,), V=3, values=((M64, M64, 0.0),)),
           Case(dtype="float32", lead=(1,), V=3, values=((-np.inf, np.inf, np.inf),)),
           Case(dtype="float16", lead=(1,), V=5, values=((-np.inf,) * 5,), softcap=2.0))
 @given(cases(targets=False))
@@ -941,18 +945,23 @@ def test_softcap_with_ragged_vocabulary(isa, dtype, V):
     assert abs(lmmetrics.token_entropy(one, softcap=1.0)[0]) <= 2e-6
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("mask", [M32, -1e30])
+@pytest.mark.parametrize("dtype,mask", [("float32", M32), ("float32", -1e30), ("float64", M32),
+                                        ("float64", -1e30), ("float64", float(np.finfo(np.float64).min)),
+                                        ("bfloat16", "min"), ("bfloat16", -1e30), ("float16", "min")])
 @pytest.mark.parametrize("V", [5, 40, 1000])
 def test_kl_with_finite_masks(isa, dtype, mask, V):
     """b: finite masks in both models; KL(z || z) = 0."""
+    if mask == "min":
+        mask = float(_finfo(dtype).min)
     rng = np.random.default_rng(V)
     z = rng.standard_normal((4, V)) * 3
     z[:, 1::3] = mask
     z[2, :-1] = mask
-    z = z.astype(dtype)
-    r = (z.astype(np.float64) + np.where(z == mask, 0.0, rng.standard_normal(z.shape) * 0.2)).astype(dtype)
-    tol = 2e-6 if dtype == "float32" else 1e-9
+    z = z.astype(NP_DT[dtype])
+    mask = float(np.array(mask).astype(NP_DT[dtype]).astype(np.float64))  # as stored
+    r = (z.astype(np.float64) + np.where(z.astype(np.float64) == mask, 0.0,
+                                         rng.standard_normal(z.shape) * 0.2)).astype(NP_DT[dtype])
+    tol = 1e-9 if dtype == "float64" else 2e-6
     np.testing.assert_allclose(lmmetrics.token_kl(z, z), 0.0, atol=tol)
     assert abs(lmmetrics.kl_divergence(z, z)) <= tol
     want = ref_kl_rows(log_probs(r.astype(np.float64)), log_probs(z.astype(np.float64)))
@@ -1091,3 +1100,19 @@ def test_float64_softcap_applied_in_float64(isa):
     c = 1e5 / 3
     got = lmmetrics.token_nll(np.array([[1e9, -1e9]]), np.array([1]), softcap=c)[0]
     assert abs(got - 2 * c) <= 1e-9 + 1e-12 * 2 * c, (got, 2 * c)
+
+
+@pytest.mark.parametrize("V", [3, 129, 1000])
+def test_float64_masks_at_finfo_min_are_not_nan(isa, V):
+    """Masks at finfo(float64).min (a common finite mask) are numbers: no
+    'NaN in logits' from token_entropy or token_kl; entropy 0 and KL(z||z) 0
+    for a row with one unmasked entry."""
+    z = np.full((2, V), M64)
+    z[0, -1] = 0.0
+    z[1, ::2] = 1.5
+    want = ref_entropy_rows(log_probs(z))
+    assert abs(lmmetrics.token_entropy(z)[0]) <= 1e-9
+    np.testing.assert_allclose(lmmetrics.token_entropy(z), want, atol=1e-9)
+    np.testing.assert_allclose(lmmetrics.token_kl(z, z), 0.0, atol=1e-9)
+    np.testing.assert_allclose(lmmetrics.token_nll(z, np.array([V - 1, 0])),
+                               -log_probs(z)[[0, 1], [V - 1, 0]], atol=1e-9)
