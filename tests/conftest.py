@@ -59,3 +59,22 @@ def ref_kl(r, z):
     lz = log_softmax(np.asarray(z).astype(np.float64), axis=-1)
     p = np.exp(lr)
     return np.where(p > 0, p * (lr - lz), 0.0).sum(-1)
+
+
+# hypothesis profiles for the property suites (tests/test_fuzz.py; tests
+# with their own @settings, as test_properties.py, keep their counts):
+# "ci" (the default) runs up to 800 examples per property test: 3,200 fuzz
+# cases (4 properties) + 800 shape-mismatch cases + the two small exception
+# spaces exhausted (14 + 24), about a minute on 2 cores;
+# HYPOTHESIS_PROFILE=long runs up to 5,000 per test: 20,000 fuzz cases +
+# 5,000 shape-mismatch cases (+ the 38 exhaustive ones).
+import os  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=800, deadline=None, suppress_health_check=_SLOW_OK,
+                          print_blob=True)
+settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=_SLOW_OK,
+                          print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -1,0 +1,108 @@
+"""Python threads calling the library at the same time (the GIL is released
+in the native core, each call runs its own OpenMP team): every result is
+bitwise identical to the one computed serially beforehand.
+
+8 threads x 10 rounds; each round a thread runs every job in the list (in
+its own rotated order), with its own num_threads, on inputs shared by all
+threads and on inputs of its own.
+"""
+import math
+import threading
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from conftest import BF16
+
+torch = pytest.importorskip("torch")
+
+N_THREADS = 8
+ROUNDS = 10
+
+
+def _bits(x):
+    """A hashable exact image of a result."""
+    if isinstance(x, torch.Tensor):
+        x = x.numpy()
+    if isinstance(x, np.ndarray):
+        return (x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, float):
+        return ("f", np.float64(x).tobytes())
+    if hasattr(x, "as_dict"):
+        return tuple((k, _bits(v) if isinstance(v, float) else v) for k, v in x.as_dict().items())
+    raise TypeError(type(x))
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+    out = {}
+    z = (rng.standard_normal((4, 33, 4099)) * 3).astype(np.float32)
+    r = (z + rng.standard_normal(z.shape).astype(np.float32) * 0.3).astype(np.float32)
+    t = rng.integers(0, 4099, (4, 33))
+    t[:, ::5] = -100
+    out["f32"] = (z[:, :-1], r[:, :-1], t[:, 1:])      # shifted views
+    zb = (rng.standard_normal((40, 32001)) * 4).astype(BF16 or np.float32)
+    rb = (zb.astype(np.float32) + 0.5).astype(zb.dtype)
+    out["bf16"] = (zb, rb, rng.integers(0, 32001, 40))
+    zd = rng.standard_normal((3, 17, 2050))
+    zd[:, :, ::7] = -np.inf
+    td = rng.integers(0, 2050, (3, 17))
+    td[0, :] = -1
+    out["f64"] = (zd, zd[::-1].copy(), td)
+    zt = torch.from_numpy((rng.standard_normal((16, 8000)) * 2).astype(np.float32)).to(torch.bfloat16)
+    out["torch"] = (zt, (zt.float() * 0.9).to(torch.bfloat16), torch.from_numpy(rng.integers(0, 8000, 16)))
+    return out
+
+
+def _jobs(inputs):
+    jobs = []
+    for name, (z, r, t) in inputs.items():
+        jobs.append((f"ce-sum-{name}", lambda nt, z=z, t=t: lmmetrics.cross_entropy(
+            z, t, reduction="sum", num_threads=nt)))
+        jobs.append((f"nll-{name}", lambda nt, z=z, t=t: lmmetrics.token_nll(z, t, softcap=30.0, num_threads=nt)))
+        jobs.append((f"eval-{name}", lambda nt, z=z, r=r, t=t: lmmetrics.evaluate(
+            z, t, reference_logits=r, num_threads=nt)))
+        jobs.append((f"kl-{name}", lambda nt, z=z, r=r: lmmetrics.token_kl(r, z, num_threads=nt)))
+    return jobs
+
+
+def test_threads_calling_at_once_match_serial():
+    shared = _inputs(0)
+    own = [_inputs(100 + k) for k in range(N_THREADS)]
+    shared_jobs = _jobs(shared)
+    own_jobs = [_jobs(o) for o in own]
+    # serial results, one OpenMP thread
+    want_shared = {name: _bits(f(1)) for name, f in shared_jobs}
+    want_own = [{name: _bits(f(1)) for name, f in jobs} for jobs in own_jobs]
+    # sanity: the serial results are numbers, not NaN
+    assert all(not math.isnan(f(1)) for name, f in shared_jobs if name.startswith("ce-"))
+
+    barrier = threading.Barrier(N_THREADS)
+    errors = []
+    done = [0] * N_THREADS
+
+    def worker(k):
+        try:
+            barrier.wait()
+            jobs = [(j, True) for j in shared_jobs] + [(j, False) for j in own_jobs[k]]
+            for rnd in range(ROUNDS):
+                nt = 1 + (k + rnd) % 4  # 1..4 OpenMP threads, changing per round
+                rot = (k * 3 + rnd) % len(jobs)
+                for (name, f), is_shared in jobs[rot:] + jobs[:rot]:
+                    got = _bits(f(nt))
+                    want = (want_shared if is_shared else want_own[k])[name]
+                    if got != want:
+                        errors.append(f"thread {k} round {rnd} {name} num_threads={nt}: differs from serial")
+                    done[k] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {k}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(N_THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+    assert not errors, "\n".join(errors[:20])
+    assert done == [ROUNDS * (len(shared_jobs) + len(own_jobs[k])) for k in range(N_THREADS)]
