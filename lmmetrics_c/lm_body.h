@@ -149,10 +149,11 @@ LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) {
  * in any mode (capped, -inf padding would be -c: a value like any other). */
 typedef struct { lmv_t c, ic; int capped; int64_t valid; } LM_FN(loader_t);
 
-LM_INLINE LM_FN(loader_t) LM_FN(loader_)(int capped, float cap, int64_t valid) {
+LM_INLINE LM_FN(loader_t) LM_FN(loader_)(int capped, double cap, int64_t valid) {
     LM_FN(loader_t) ld;
-    ld.c = lmv_set1(capped ? cap : 1.0f);
-    ld.ic = lmv_set1(capped ? 1.0f / cap : 1.0f);
+    /* c and 1 / c in the lanes' type (float lanes: both rounded to float) */
+    ld.c = lmv_set1(capped ? (LMV_LANE)cap : (LMV_LANE)1);
+    ld.ic = lmv_set1(capped ? (LMV_LANE)1 / (LMV_LANE)cap : (LMV_LANE)1);
     ld.capped = capped;
     ld.valid = valid;
     return ld;
@@ -454,7 +455,7 @@ LM_INLINE void LM_FN(take_)(lm_side *zs, lm_side *rs, double *cross, const LM_FN
 /* The segment z[0, n) (and r[0, n)) into *st [README: the pass]. */
 LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int ent, const int amax, const int ref,
-                                const int capped, float cap, const void *next,
+                                const int capped, double cap, const void *next,
                                 lm_state *st) {
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
@@ -552,7 +553,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 
 /* The exported kernel: specialised for the flag sets the driver uses. */
 static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
-                           float cap, const void *next, lm_state *st) {
+                           double cap, const void *next, lm_state *st) {
     const LM_ELEM *zz = (const LM_ELEM *)z, *rr = (const LM_ELEM *)r;
 #define LM_CASE(f)                                                             \
     case f:                                                                    \

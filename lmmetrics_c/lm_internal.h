@@ -63,7 +63,7 @@ static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
 enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
 
 typedef void (*lm_segment_fn)(const void *z, const void *r, int64_t n, int flags,
-                              float cap, const void *next, lm_state *st);
+                              double cap, const void *next, lm_state *st);
 
 /* Scalar element loads, used for targets, argmax searches and slow paths. */
 static inline float lm_bf16_to_float(uint16_t h) {
@@ -112,9 +112,13 @@ typedef float (*lm_read_fn)(const float *p, int64_t n);
 /* What each ISA unit exports: its segment kernels indexed by dtype (NULL
  * where the unit has none; f64 always runs the scalar unit) and its read
  * pass. */
+/* The softcap of one value as a unit's float lanes compute it. */
+typedef double (*lm_cap_fn)(double x, double c);
+
 typedef struct {
     lm_segment_fn kernels[LM_NDTYPES];
     lm_read_fn read;
+    lm_cap_fn cap; /* for its 16- and 32-bit kernels; float64 uses lm_softcap */
 } lm_unit;
 
 extern const lm_unit lm_unit_scalar;

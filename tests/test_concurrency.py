@@ -63,7 +63,7 @@ def _jobs(inputs):
         jobs.append((f"nll-{name}", lambda nt, z=z, t=t: lmmetrics.token_nll(z, t, softcap=30.0, num_threads=nt)))
         jobs.append((f"eval-{name}", lambda nt, z=z, r=r, t=t: lmmetrics.evaluate(
             z, t, reference_logits=r, num_threads=nt)))
-        jobs.append((f"kl-{name}", lambda nt, z=z, r=r: lmmetrics.token_kl(r, z, num_threads=nt)))
+        jobs.append((f"kl-{name}", lambda nt, z=z, r=r: lmmetrics.token_kl(z, reference_logits=r, num_threads=nt)))
     return jobs
 
 

@@ -165,7 +165,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         return out
     if ref is not None and ref.dtype != lg.dtype:
         n_counted = _native_mixed(lg, ref, out, cap, threads)
-        nll_sum = math.fsum(out.nll) if nll and tgt is not None else 0.0
+        nll_sum = _fsum(out.nll) if nll and tgt is not None else 0.0
     else:
         nll_sum, n_counted = _native(lg, ref, out, slice(0, n), cap, threads)
     if tgt is not None:
@@ -175,6 +175,15 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
 
 
 _OUTPUTS = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
+
+
+def _fsum(values: np.ndarray) -> float:
+    """The correctly rounded sum of non-negative values (NLL): inf where it
+    overflows (math.fsum raises there)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
 
 
 def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: slice, cap: float,

@@ -242,7 +242,7 @@ def as_targets(targets: Any, logits: Logits, check_range: bool = True, ignore_in
             f"targets shape {t.shape} does not match the logits shape without its "
             f"vocabulary axis {logits.lead_shape}")
     flat = t.reshape(-1)
-    if flat.dtype == np.uint64:  # would wrap negative (ignored) as int64
+    if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:  # uint64 would wrap negative (ignored)
         i = _first_above(flat, _INT64_MAX)
         if i is not None:
             raise target_error(flat[i], i, logits.n_cols, logits.lead_shape)

@@ -166,8 +166,8 @@ int main(void) {
                     double cap = (flags & LM_WANT_CAP) ? 30.0 : 0.0;
                     ref_t ref = reference(z, (flags & LM_WANT_REF) ? r : NULL, n, cap);
                     lm_state st, sc;
-                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, (float)cap, NULL, &st);
-                    lm_unit_scalar.kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, (float)cap,
+                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, NULL, &st);
+                    lm_unit_scalar.kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap,
                                                   NULL, &sc);
                     check_state("unit", &st, &ref, dtype, n, flags, cap);
                     check_state("scalar", &sc, &ref, dtype, n, flags, cap);
