@@ -391,8 +391,10 @@ def assert_rows_close(got, want, tol, what, c: Case):
     inf_w = np.isinf(want)
     with np.errstate(invalid="ignore"):
         ok = np.where(inf_w, got == want, np.abs(got - want) <= tol)
-        # a float64 value at the edge of the range may come back as inf
-        ok |= (want > 1e300) & (got == np.inf)
+        # a value at the edge of the output's range (float32 per-position
+        # outputs for 16/32-bit logits) may come back as inf
+        edge = 1e300 if c.dtype == "float64" else 0.999 * float(np.finfo(np.float32).max)
+        ok |= (want > edge) & (got == np.inf)
     if not ok.all():
         i = int(np.argmin(ok))
         raise AssertionError(
@@ -685,11 +687,11 @@ def test_nll_matches_float64(c):
         return
     wsum = fsum_or_inf(want[s.counted].tolist())
     stol = 1e-8 * abs(wsum) + float(tol[s.counted].sum())
-    assert abs(total - wsum) <= stol, ("sum", total, wsum, c)
+    assert total == wsum or abs(total - wsum) <= stol, ("sum", total, wsum, c)
     if n == 0:
         assert math.isnan(mean) and total == 0.0
     else:
-        assert abs(mean - wsum / n) <= stol / n, ("mean", mean, wsum / n, c)
+        assert mean == wsum / n or abs(mean - wsum / n) <= stol / n, ("mean", mean, wsum / n, c)
 
 
 @examples(*[c for c in BUG_EXAMPLES if c.softcap is not None or c.container == "bigendian"],
@@ -766,9 +768,9 @@ def test_kl_matches_float64(c):
         return
     wsum = fsum_or_inf(want.tolist())
     stol = 1e-8 * abs(wsum) + float(tol.sum())
-    assert abs(total - wsum) <= stol, ("kl sum", total, wsum, c)
+    assert total == wsum or abs(total - wsum) <= stol, ("kl sum", total, wsum, c)
     if c.n:
-        assert abs(mean - wsum / c.n) <= stol / c.n, ("kl mean", mean, wsum / c.n, c)
+        assert mean == wsum / c.n or abs(mean - wsum / c.n) <= stol / c.n, ("kl mean", mean, wsum / c.n, c)
     else:
         assert math.isnan(mean)
 
