@@ -23,6 +23,26 @@ def test_bpc_ppl_round_trip_and_errors():
         convert.bpc_from_perplexity(-1.0, 100, 10)
 
 
+def test_one_positive_integer_check():
+    """A count that is not a positive integer is the same ValueError everywhere."""
+    from lmmetrics import _engine, sliding_window_nll
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+
+    assert _engine.check_positive_int("n", np.int64(3)) == 3
+    for bad in (0, -1, 2.0, True, "3", None):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            _engine.check_positive_int("n", bad)
+        with pytest.raises(ValueError, match="num_chars must be a positive integer"):
+            convert.bpc_from_perplexity(20.0, 100, bad)
+        if torch is not None:
+            with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+                sliding_window_nll(None, torch.arange(5), max_length=4, batch_size=bad)
+
+
 def test_corpus_metrics_like_lm_eval():
     ll = [-120.0, -30.5, -77.25]
     words = [40, 10, 25]

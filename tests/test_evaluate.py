@@ -210,6 +210,29 @@ def test_evaluator_kl_only_over_updates_with_reference():
     assert m.kl == pytest.approx(ref_kl(r[10:], z[10:]).mean(), rel=1e-6)
 
 
+def test_evaluator_nll_only_check_vocab_and_bits_per_byte():
+    z, _, t, tb = _data(23, shape=(40,))
+    full = lmmetrics.Evaluator(token_bytes=tb)
+    nll = lmmetrics.Evaluator(token_bytes=tb, nll_only=True)
+    full.check_vocab(z.shape[-1])
+    with pytest.raises(ValueError, match="token_bytes"):
+        nll.check_vocab(z.shape[-1] + 1)
+    lmmetrics.Evaluator().check_vocab(7)  # nothing to check without token_bytes
+    for ev in (full, nll):
+        ev.update(z, t)
+    a, b = full.compute(), nll.compute()
+    for k in ("tokens", "ignored", "bytes", "nll_sum", "loss", "perplexity", "bits_per_token", "bits_per_byte"):
+        assert b.as_dict()[k] == a.as_dict()[k], k
+    assert math.isnan(b.accuracy) and math.isnan(b.entropy)
+    assert nll.bits_per_byte() == a.bits_per_byte
+    with pytest.raises(ValueError, match="nll_only"):
+        full.merge(nll)
+    with pytest.raises(ValueError, match="token_bytes"):
+        lmmetrics.Evaluator().bits_per_byte()
+    with pytest.raises(TypeError, match="nll_only"):
+        lmmetrics.Evaluator(nll_only="yes")
+
+
 def test_evaluator_argument_errors():
     with pytest.raises(ValueError, match="softcap"):
         lmmetrics.Evaluator(softcap=-1.0)

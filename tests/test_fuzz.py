@@ -363,8 +363,11 @@ def bad_rows(z: np.ndarray) -> np.ndarray:
     return np.isnan(z).any(axis=1) | (z == -np.inf).all(axis=1)
 
 
-def tolerance(c: Case, ref: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """Per-row tolerance of the contract (see the module docstring)."""
+def tolerance(c: Case, ref: np.ndarray, z: np.ndarray, kl: bool = False) -> np.ndarray:
+    """Per-row tolerance of the contract (see the module docstring). For KL
+    the capped logits' rounding (float lanes) moves the reference's
+    probabilities, each weighted by a log-probability difference of the
+    order of the KL itself: that term scales with 1 + KL."""
     if c.dtype == "float64":
         atol, rtol, eps = 1e-9, 1e-10, 2.0**-52
     else:
@@ -372,7 +375,7 @@ def tolerance(c: Case, ref: np.ndarray, z: np.ndarray) -> np.ndarray:
     tol = atol + rtol * np.abs(np.where(np.isfinite(ref), ref, 0.0))
     if c.softcap is not None and z.size:
         mag = np.abs(np.where(np.isfinite(z), z, 0.0)).max(axis=1)
-        tol = tol + 4 * eps * mag
+        tol = tol + 4 * eps * mag * (1 + (np.abs(np.where(np.isfinite(ref), ref, 0.0)) if kl else 0))
     return tol
 
 
@@ -392,9 +395,10 @@ def assert_rows_close(got, want, tol, what, c: Case):
     with np.errstate(invalid="ignore"):
         ok = np.where(inf_w, got == want, np.abs(got - want) <= tol)
         # a value at the edge of the output's range (float32 per-position
-        # outputs for 16/32-bit logits) may come back as inf
+        # outputs for 16/32-bit logits) may come back as inf, and the other
+        # way round
         edge = 1e300 if c.dtype == "float64" else 0.999 * float(np.finfo(np.float32).max)
-        ok |= (want > edge) & (got == np.inf)
+        ok |= ((want > edge) & (got == np.inf)) | ((want == np.inf) & (got > edge))
     if not ok.all():
         i = int(np.argmin(ok))
         raise AssertionError(
@@ -757,7 +761,7 @@ def test_kl_matches_float64(c):
     g = to_numpy(got).astype(np.float64).reshape(-1)
     assert to_numpy(got).shape == c.lead
     want = _kl_expected(s)
-    tol = tolerance(c, want, np.concatenate([s.z, s.rz], axis=1))
+    tol = tolerance(c, want, np.concatenate([s.z, s.rz], axis=1), kl=True)
     if c.ref == "same":
         want = np.where(np.isnan(want), 0.0, want)  # identical rows: exactly 0 in exact arithmetic
         want[:] = 0.0
@@ -768,9 +772,9 @@ def test_kl_matches_float64(c):
         return
     wsum = fsum_or_inf(want.tolist())
     stol = 1e-8 * abs(wsum) + float(tol.sum())
-    assert total == wsum or abs(total - wsum) <= stol, ("kl sum", total, wsum, c)
+    assert total == wsum or abs(total - wsum) <= stol or min(total, wsum) > 1e300, ("kl sum", total, wsum, c)
     if c.n:
-        assert mean == wsum / c.n or abs(mean - wsum / c.n) <= stol / c.n, ("kl mean", mean, wsum / c.n, c)
+        assert mean == wsum / c.n or abs(mean - wsum / c.n) <= stol / c.n or min(mean, wsum / c.n) > 1e300 / c.n, ("kl mean", mean, wsum / c.n, c)
     else:
         assert math.isnan(mean)
 
@@ -838,7 +842,7 @@ def test_evaluate_matches_float64(c):
     assert lo / n - 1e-12 <= m.accuracy <= (lo + amb) / n + 1e-12, ("accuracy", m.accuracy, lo, amb, n, c)
     if has_ref:
         kl = _kl_expected(s, cnt)
-        ktol = tolerance(c, kl, np.concatenate([s.z, s.rz], axis=1)[cnt])
+        ktol = tolerance(c, kl, np.concatenate([s.z, s.rz], axis=1)[cnt], kl=True)
         if c.ref == "same":
             kl = np.zeros_like(kl)
         if np.isinf(kl).any():

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Dict, List, Union
 
 from . import _core
 from ._version import __version__
 
 ENV_ISA = "LMMETRICS_ISA"
+
+#: a configuration entry: a name, a flag, a count or a list of names
+ConfigValue = Union[str, bool, int, List[str]]
 
 
 def apply_env_isa() -> None:
@@ -20,7 +23,7 @@ def apply_env_isa() -> None:
             raise RuntimeError(f"{ENV_ISA}={name}: {e}") from None
 
 
-def config() -> Dict[str, Any]:
+def config() -> Dict[str, ConfigValue]:
     return {
         "version": __version__,
         "isa": _core.active_isa(),
@@ -34,7 +37,7 @@ def config() -> Dict[str, Any]:
     }
 
 
-def show_config(print_out: bool = True) -> Dict[str, Any]:
+def show_config(print_out: bool = True) -> Dict[str, ConfigValue]:
     """Print (and return) the version, the SIMD path in use, OpenMP and its
     default thread count, and the compiler flags the core was built with."""
     cfg = config()

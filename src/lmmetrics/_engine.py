@@ -12,44 +12,83 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
-from typing import Any, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Tuple, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
 from ._errors import ROW_STATUSES, Status, row_error, target_error
-from ._inputs import Logits, as_logits, as_targets, is_cuda, model_logits, row_blocks, shifted
+from ._inputs import DescribedLogits, Logits, as_logits, as_targets, is_cuda, model_logits, row_blocks, shifted
+from ._types import BoolArray, F64Array, I64Array
+
+if TYPE_CHECKING:
+    import torch
+
+#: the float64 per-row outputs of a pass, and the int64 ones
+FloatOutput = Literal["nll", "entropy", "kl", "ref_nll"]
+IndexOutput = Literal["argmax", "ref_argmax"]
 
 
 @dataclass
 class RowResults:
-    """Per-row outputs of one pass (numpy, float64 / int64, flattened rows)."""
+    """Per-row outputs of one pass (numpy, float64 / int64, flattened rows).
+
+    An output is None when the pass did not compute it (``run``'s flags say
+    which are); the CUDA path fills the ones that are not None in place.
+    Consumers read them with :meth:`floats`, :meth:`indices` and
+    :attr:`target_ids`, which hold the arrays' types and say so when a
+    pass lacks what they need."""
 
     lead_shape: Tuple[int, ...]    # the logits shape without the vocabulary axis
     n_cols: int                    # vocabulary size
     dtype: str                     # logits dtype name
-    device: Any                    # None for numpy input, else the torch device
-    targets: Optional[np.ndarray]  # int64, flattened; None without targets
+    device: Optional[torch.device]  # None for numpy input, else the torch device
+    targets: Optional[I64Array]    # int64, flattened; None without targets
     ignore_index: int
     n_counted: int = 0             # rows counted
     nll_sum: float = 0.0           # sum of nll over counted rows (when nll is computed)
-    nll: Optional[np.ndarray] = None
-    entropy: Optional[np.ndarray] = None
-    argmax: Optional[np.ndarray] = None
-    kl: Optional[np.ndarray] = None
-    ref_argmax: Optional[np.ndarray] = None
-    ref_nll: Optional[np.ndarray] = None
-    _counted: Optional[np.ndarray] = None
+    nll: Optional[F64Array] = None
+    entropy: Optional[F64Array] = None
+    argmax: Optional[I64Array] = None
+    kl: Optional[F64Array] = None
+    ref_argmax: Optional[I64Array] = None
+    ref_nll: Optional[F64Array] = None
+    _counted: Optional[BoolArray] = field(default=None, init=False, repr=False)
 
     @property
-    def counted(self) -> np.ndarray:
+    def counted(self) -> BoolArray:
         """bool mask of the counted rows (targets neither negative nor ignore_index)"""
         if self._counted is None:
             t = self.targets
             self._counted = (np.ones(math.prod(self.lead_shape), bool) if t is None
                              else (t >= 0) & (t != self.ignore_index))
         return self._counted
+
+    def floats(self, name: FloatOutput) -> F64Array:
+        """The float64 output ``name`` (the pass must have computed it)."""
+        values: Optional[F64Array] = getattr(self, name)
+        return _computed(values, name)
+
+    def indices(self, name: IndexOutput) -> I64Array:
+        """The int64 output ``name`` (the pass must have computed it)."""
+        values: Optional[I64Array] = getattr(self, name)
+        return _computed(values, name)
+
+    @property
+    def target_ids(self) -> I64Array:
+        """The flattened int64 targets (the pass must have had targets)."""
+        return _computed(self.targets, "targets")
+
+
+_A = TypeVar("_A", bound=npt.NDArray[Any])
+
+
+def _computed(values: Optional[_A], name: str) -> _A:
+    if values is None:
+        raise RuntimeError(f"lmmetrics: internal error: {name} is not computed by this pass")
+    return values
 
 
 MAX_THREADS = 1024
@@ -59,7 +98,16 @@ SOFTCAP_RANGE = (1e-30, 1e30)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def check_threads(num_threads: Optional[int]) -> int:
+def check_positive_int(name: str, value: object) -> int:
+    """value as an int when it is an integer (Python or numpy, not a bool)
+    of at least 1, else ValueError: the one check of a count, a length or a
+    size that must be positive."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_threads(num_threads: object) -> int:
     """0 for None (the OpenMP default), else the thread count, or ValueError."""
     if num_threads is None:
         return 0
@@ -70,7 +118,7 @@ def check_threads(num_threads: Optional[int]) -> int:
     return int(num_threads)
 
 
-def check_softcap(softcap: Optional[float]) -> float:
+def check_softcap(softcap: object) -> float:
     """0.0 for None (no cap), else the cap as a float: TypeError for what is
     not a real number, ValueError outside SOFTCAP_RANGE."""
     if softcap is None:
@@ -84,7 +132,7 @@ def check_softcap(softcap: Optional[float]) -> float:
     return c
 
 
-def check_ignore_index(ignore_index: Any) -> int:
+def check_ignore_index(ignore_index: object) -> int:
     """The ignore_index as an int64 value (None: -1, as negative targets are
     ignored anyway), or TypeError / ValueError."""
     if ignore_index is None:
@@ -96,7 +144,7 @@ def check_ignore_index(ignore_index: Any) -> int:
     return int(ignore_index)
 
 
-def check_shift(shift: Any) -> bool:
+def check_shift(shift: object) -> bool:
     if not isinstance(shift, (bool, np.bool_)):
         raise TypeError(f"shift must be True or False, got {shift!r}")
     return bool(shift)
@@ -125,27 +173,54 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         logits, targets, reference = shifted(logits, targets, reference)
     if (kl or ref_nll) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
-    cuda = None
+    asked = dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll)
     if is_cuda(logits) or is_cuda(reference):
-        from . import _cuda as cuda
-    describe = cuda.describe if cuda else as_logits
-    lg = describe(logits)
-    ref = None
-    if reference is not None:
-        ref = describe(reference, "reference_logits")
-        if ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
-            raise ValueError(
-                f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
-                f"logits shape {lg.lead_shape + (lg.n_cols,)}")
-        if not cuda and ref.dtype == lg.dtype:
+        from . import _cuda
+
+        c_lg = _cuda.describe(logits)
+        c_ref = None if reference is None else _cuda.describe(reference, "reference_logits")
+        out = _results(c_lg, c_ref, targets, ignore, check_range=True, **asked)
+        if c_lg.n_rows == 0:
+            return out
+        _cuda.compute(c_lg, c_ref, out, ignore, cap)
+        if out.targets is not None:
+            out.n_counted = int(np.count_nonzero(out.counted))
+        if out.nll is not None:
+            out.nll_sum = float(np.sum(out.nll))
+        return out
+    lg = as_logits(logits)
+    ref = None if reference is None else as_logits(reference, "reference_logits")
+    out = _results(lg, ref, targets, ignore, check_range=False, **asked)
+    if lg.n_rows == 0:
+        return out
+    if ref is not None and ref.dtype != lg.dtype:
+        n_counted = _native_mixed(lg, ref, out, cap, threads)
+        nll_sum = _fsum(out.nll) if out.nll is not None and out.targets is not None else 0.0
+    else:
+        if ref is not None:
             lg, ref = _same_layout(lg, ref)
+        nll_sum, n_counted = _native(lg, ref, out, slice(0, lg.n_rows), cap, threads)
+    if out.targets is not None:
+        out.n_counted = n_counted
+    out.nll_sum = nll_sum
+    return out
+
+
+def _results(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, ignore: int, *,
+             check_range: bool, nll: bool, entropy: bool, argmax: bool, kl: bool,
+             ref_nll: bool) -> RowResults:
+    """The checks of both buffers and the targets against each other, and
+    the outputs of a pass over them, allocated (not yet computed)."""
+    if ref is not None and ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
+        raise ValueError(
+            f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
+            f"logits shape {lg.lead_shape + (lg.n_cols,)}")
     if targets is not None:
-        tgt = as_targets(targets, lg, check_range=cuda is not None, ignore_index=ignore)
+        tgt = as_targets(targets, lg, check_range=check_range, ignore_index=ignore)
     elif nll or ref_nll:
         raise ValueError("targets are required for the NLL")
     else:
         tgt = None
-
     n = lg.n_rows
     out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
     out.nll = np.empty(n, np.float64) if nll else None
@@ -154,30 +229,13 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     out.kl = np.empty(n, np.float64) if kl else None
     out.ref_argmax = np.empty(n, np.int64) if (ref is not None and argmax) else None
     out.ref_nll = np.empty(n, np.float64) if (ref is not None and ref_nll) else None
-    if n == 0:
-        return out
-    if cuda:
-        cuda.compute(lg, ref, out, ignore, cap)
-        if tgt is not None:
-            out.n_counted = int(np.count_nonzero(out.counted))
-        if nll:
-            out.nll_sum = float(np.sum(out.nll))
-        return out
-    if ref is not None and ref.dtype != lg.dtype:
-        n_counted = _native_mixed(lg, ref, out, cap, threads)
-        nll_sum = _fsum(out.nll) if nll and tgt is not None else 0.0
-    else:
-        nll_sum, n_counted = _native(lg, ref, out, slice(0, n), cap, threads)
-    if tgt is not None:
-        out.n_counted = n_counted
-    out.nll_sum = nll_sum
     return out
 
 
 _OUTPUTS = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
 
 
-def _fsum(values: np.ndarray) -> float:
+def _fsum(values: npt.NDArray[np.float64]) -> float:
     """The correctly rounded sum of non-negative values (NLL): inf where it
     overflows (math.fsum raises there)."""
     try:
@@ -191,14 +249,15 @@ def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: slice, cap
     """The native core over rows ``rows`` of out (lg and ref describe just
     those rows): fills out's arrays there; returns (NLL sum, rows counted)."""
     tgt = None if out.targets is None else out.targets[rows]
-    parts = {k: None if getattr(out, k) is None else getattr(out, k)[rows] for k in _OUTPUTS}
+    parts: Dict[str, Optional[npt.NDArray[Any]]] = {
+        k: None if getattr(out, k) is None else getattr(out, k)[rows] for k in _OUTPUTS}
     status, bad, nll_sum, n_counted = _core.run(
         dtype=lg.dtype_code, n_rows=lg.n_rows, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
         logits=(lg.ptr, lg.row_stride, lg.outer_stride),
         reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
         targets=tgt, ignore_index=out.ignore_index, softcap=cap, num_threads=threads, **parts)
-    if status == Status.LM_ERR_TARGET:
-        raise target_error(tgt[bad], rows.start + bad, lg.n_cols, out.lead_shape)
+    if status == Status.LM_ERR_TARGET and tgt is not None:
+        raise target_error(int(tgt[bad]), rows.start + bad, lg.n_cols, out.lead_shape)
     if status in ROW_STATUSES:
         raise row_error(status, rows.start + bad, out.lead_shape)
     if status == Status.LM_ERR_NOMEM:
@@ -225,7 +284,7 @@ def _native_mixed(lg: Logits, ref: Logits, out: RowResults, cap: float, threads:
     return n_counted
 
 
-def _as_dtype(x, name: str):
+def _as_dtype(x: Any, name: str) -> Any:
     """x in the dtype called name (float32 or float64): x itself when it has it."""
     if isinstance(x, np.ndarray):
         return x.astype(name, copy=False)
@@ -234,7 +293,7 @@ def _as_dtype(x, name: str):
     return x.to(getattr(torch, name))
 
 
-def _device(x):
+def _device(x: Any) -> Optional[torch.device]:
     return x.device if hasattr(x, "device") and not isinstance(x, np.ndarray) else None
 
 
@@ -243,7 +302,7 @@ def _regroup(x: Logits, rows_inner: int) -> Logits:
     return replace(x, rows_inner=rows_inner, outer_stride=rows_inner * x.row_stride)
 
 
-def _same_layout(lg: Logits, ref: Logits):
+def _same_layout(lg: Logits, ref: Logits) -> Tuple[Logits, Logits]:
     """The core takes one row grouping for both buffers: regroup a one-group
     buffer to the other's grouping, or copy the reference contiguous."""
     if ref.rows_inner == lg.rows_inner or lg.n_rows == 0:
@@ -255,5 +314,5 @@ def _same_layout(lg: Logits, ref: Logits):
     return lg, _regroup(as_logits(_contiguous(ref.keep), "reference_logits"), lg.rows_inner)
 
 
-def _contiguous(x):
+def _contiguous(x: Any) -> Any:
     return x.contiguous() if hasattr(x, "contiguous") else np.ascontiguousarray(x)

@@ -1,12 +1,15 @@
 """The exceptions for bad rows and targets, shared by the native core's path
-(:mod:`lmmetrics._engine`) and the CUDA path (:mod:`lmmetrics._cuda`)."""
+(:mod:`lmmetrics._engine`) and the CUDA path (:mod:`lmmetrics._cuda`), and
+those for bad command-line inputs (:class:`InputError`, :class:`FileError`)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence, Tuple
 
 import numpy as np
 
 from ._core import lm_status as Status
+
+__all__ = ["Status", "ROW_STATUSES", "InputError", "FileError", "position", "row_error", "target_error"]
 
 _ROW_MESSAGES = {
     Status.LM_ERR_NAN: "NaN in logits at row {row} (position {pos})",
@@ -17,7 +20,17 @@ _ROW_MESSAGES = {
 ROW_STATUSES = frozenset(_ROW_MESSAGES)
 
 
-def position(i: int, lead_shape: Sequence[int]) -> Optional[tuple]:
+class InputError(Exception):
+    """A user-facing problem with what the command line was given: an input
+    array's shape or dtype, an option this installation cannot serve. The
+    command prints it as one line (no traceback) and exits with status 2."""
+
+
+class FileError(InputError):
+    """A user-facing problem with an input file (one line, no traceback)."""
+
+
+def position(i: int, lead_shape: Sequence[int]) -> Tuple[int, ...]:
     """The index of flattened row i in the logits' leading shape."""
     return tuple(int(k) for k in np.unravel_index(i, tuple(lead_shape))) if lead_shape else ()
 

@@ -14,19 +14,22 @@ import os
 import stat
 import struct
 import warnings
-from typing import Any, Callable, Dict, Optional
+from collections import Counter
+from functools import partial
+from typing import Any, Callable, Dict, FrozenSet, List, NoReturn, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
+
+from ._errors import FileError
+
+__all__ = ["FORMATS", "FileError", "load_array"]
 
 FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 
 # Other names an array may have for a role, when a file holds several and no
 # key is given: Hugging Face dumps name the targets "labels".
 _ALIASES = {"targets": ("targets", "labels")}
-
-
-class FileError(Exception):
-    """A user-facing problem with an input file (one line, no traceback)."""
 
 
 def _why(e: BaseException) -> str:
@@ -74,24 +77,25 @@ _ST_EXTRA = {"BF16": "bfloat16", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4
              "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
              "F8_E5M2FNUZ": "float8_e5m2fnuz"}
 _INFO_FIELDS = ("dtype", "shape", "data_offsets")
+# a tensor's (dtype, shape, (begin, end)) in the header
+_TensorInfo = Tuple[str, Tuple[int, ...], Tuple[int, int]]
 
 
 class _Bad(Exception):
     """A malformed header (the message says what)."""
 
 
-class _Pairs(dict):
+class _Pairs(Dict[str, Any]):
     """A JSON object that remembers which of its keys appeared twice (the
     value kept is the last one, as in the reference implementation)."""
 
-    dups: frozenset = frozenset()
+    dups: FrozenSet[str] = frozenset()
 
 
-def _pairs(items):
+def _pairs(items: List[Tuple[str, Any]]) -> _Pairs:
     d = _Pairs(items)
     if len(d) != len(items):
-        seen: set = set()
-        d.dups = frozenset(k for k, _ in items if k in seen or seen.add(k))
+        d.dups = frozenset(k for k, count in Counter(k for k, _ in items).items() if count > 1)
     return d
 
 
@@ -105,7 +109,7 @@ class _Neg:
         return self.text
 
 
-def _int(text: str):
+def _int(text: str) -> Union[int, float, _Neg]:
     """JSON integers as the reference parser reads them: exact within 64
     bits, else as a double, which must be finite."""
     if len(text) <= 20:
@@ -124,14 +128,14 @@ def _float(text: str) -> float:
     return v
 
 
-def _constant(text: str):
+def _constant(text: str) -> NoReturn:
     raise _Bad(f"{text} is not JSON")
 
 
-def _check_tree(obj) -> None:
+def _check_tree(obj: object) -> None:
     """The nesting depth bound, and strings that are valid Unicode (no lone
     surrogates from \\u escapes), over the whole parsed header."""
-    stack = [(obj, 1)]
+    stack: List[Tuple[object, int]] = [(obj, 1)]
     while stack:
         x, depth = stack.pop()
         if isinstance(x, dict):
@@ -148,13 +152,13 @@ def _check_tree(obj) -> None:
             x.encode("utf-8")
 
 
-def _size(x, what: str) -> int:
+def _size(x: object, what: str) -> int:
     if type(x) is not int:  # not bool, float, or a negative integer
         raise _Bad(f"{what} must be a non-negative integer below 2**64, got {x!r}")
-    return x
+    return int(x)
 
 
-def _tensor_info(name: str, info) -> tuple:
+def _tensor_info(name: str, info: object) -> _TensorInfo:
     """(dtype, shape, (begin, end)) of one header entry, which is an object
     {"dtype", "shape", "data_offsets"} (other keys ignored) or a list of
     these three in order."""
@@ -184,7 +188,7 @@ def _tensor_info(name: str, info) -> tuple:
     return dtype, shape, (begin, end)
 
 
-def _parse_header(raw: bytes) -> tuple:
+def _parse_header(raw: bytes) -> Tuple[Optional[Dict[str, str]], Dict[str, _TensorInfo], int]:
     """(metadata, {name: (dtype, shape, (begin, end))}, data length) of a
     header, or _Bad."""
     try:
@@ -205,7 +209,7 @@ def _parse_header(raw: bytes) -> tuple:
         _check_tree(header)
     except UnicodeEncodeError:
         raise _Bad("the header holds an unpaired \\u surrogate") from None
-    if "__metadata__" in header.dups:
+    if "__metadata__" in getattr(header, "dups", ()):
         raise _Bad("__metadata__ appears twice")
     meta = header.pop("__metadata__", None)
     if meta is not None:
@@ -259,11 +263,11 @@ def _safetensors(path: str) -> Dict[str, Callable[[], Any]]:
             raise _Bad(f"the tensors cover {data_len} bytes of data, the file holds {size - 8 - n}")
     except _Bad as e:
         raise FileError(f"{path}: not a valid safetensors file: {e}") from None
-    return {name: (lambda name=name, t=t: _st_array(path, name, 8 + n, *t))
-            for name, t in tensors.items()}
+    return {name: partial(_st_array, path, name, 8 + n, *t) for name, t in tensors.items()}
 
 
-def _st_array(path: str, name: str, base: int, dtype: str, shape: tuple, offsets: tuple):
+def _st_array(path: str, name: str, base: int, dtype: str, shape: Tuple[int, ...],
+              offsets: Tuple[int, int]) -> Any:
     torch_dtype = None
     if dtype in _ST_NUMPY:
         npdt = np.dtype(_ST_NUMPY[dtype])
@@ -283,6 +287,7 @@ def _st_array(path: str, name: str, base: int, dtype: str, shape: tuple, offsets
             npdt = np.dtype(np.uint16 if dtype == "BF16" else np.uint8)
     else:
         raise FileError(f"{path}: tensor {name!r} has dtype {dtype}, which lmmetrics cannot read")
+    arr: npt.NDArray[Any]
     try:
         if offsets[1] > offsets[0]:
             arr = np.memmap(path, dtype=npdt, mode="r", offset=base + offsets[0], shape=shape)
@@ -326,10 +331,14 @@ def _pt(path: str) -> Dict[str, Callable[[], Any]]:
             raise FileError(f"{path}: {what} is on the {v.device.type} device and holds no data")
         if v.is_quantized:
             raise FileError(f"{path}: {what} is quantized ({v.dtype}); dequantize it first")
-    return {str(k): (lambda v=v: v) for k, v in obj.items()}
+    return {str(k): partial(_given, v) for k, v in obj.items()}
 
 
-def _npy(path: str):
+def _given(x: Any) -> Any:
+    return x
+
+
+def _npy(path: str) -> npt.NDArray[Any]:
     try:
         with warnings.catch_warnings(), np.errstate(all="raise"):  # a header's shape may overflow
             warnings.simplefilter("ignore")
@@ -351,7 +360,7 @@ def _npz(path: str) -> Dict[str, Callable[[], Any]]:
     if not isinstance(z, np.lib.npyio.NpzFile):
         raise FileError(f"{path}: not an .npz archive (it holds a single .npy array)")
 
-    def get(k):
+    def get(k: str) -> npt.NDArray[Any]:
         try:
             a = z[k]
         except Exception as e:  # a corrupt member: BadZipFile, zlib.error, EOFError, ValueError
@@ -360,7 +369,7 @@ def _npz(path: str) -> Dict[str, Callable[[], Any]]:
             raise FileError(f"{path}: member {k!r} is not an .npy array")
         return a
 
-    return {k: (lambda k=k: get(k)) for k in z.files}
+    return {k: partial(get, k) for k in z.files}
 
 
 def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
@@ -384,7 +393,7 @@ def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
         raise FileError(f"{path}: cannot read ({role}): {e.strerror or _why(e)}") from None
 
 
-def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]]):
+def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]]) -> Any:
     names = sorted(getters)
     if key is not None:
         if key not in getters:

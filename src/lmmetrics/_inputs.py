@@ -10,18 +10,23 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
 from ._errors import target_error
+from ._types import I64Array
+
+if TYPE_CHECKING:
+    import torch
 
 _NUMPY_DTYPES = {"float32", "float64", "float16", "bfloat16"}
-_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.float16): "float16"}
+_NAMES: Dict[np.dtype[Any], str] = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.float16): "float16"}
 
 
-def _dtype_name(dt: np.dtype) -> str:
+def _dtype_name(dt: np.dtype[Any]) -> str:
     name = _NAMES.get(dt)
     if name is None:
         name = dt.name  # slow; cache bfloat16 (ml_dtypes) once seen
@@ -48,7 +53,7 @@ def model_logits(x: Any) -> Any:
     return getattr(x, "logits", x)
 
 
-def shifted(logits: Any, targets: Any, reference: Any = None):
+def shifted(logits: Any, targets: Any, reference: Any = None) -> Tuple[Any, Any, Any]:
     """Next-token alignment of unshifted inputs (Hugging Face labels):
     position t is scored against targets[..., t + 1] and the last position
     is dropped. Views of the logits (numpy or torch, any device), no copy."""
@@ -104,9 +109,36 @@ def row_blocks(z: Any, r: Any = None) -> Iterator[Tuple[Any, Any]]:
         yield from row_blocks(z[i], None if r is None else r[i])
 
 
+class DescribedLogits(Protocol):
+    """What the engine reads of a described logits buffer, whichever path
+    computes it: :class:`Logits` (the native core) and
+    :class:`lmmetrics._cuda.CudaLogits` (torch on a CUDA device)."""
+
+    @property
+    def keep(self) -> Any:
+        """the array or tensor that owns the memory"""
+
+    @property
+    def dtype(self) -> str:
+        """float32, float64, float16 or bfloat16"""
+
+    @property
+    def lead_shape(self) -> Tuple[int, ...]:
+        """the shape without the vocabulary axis"""
+
+    @property
+    def n_cols(self) -> int:
+        """the vocabulary size"""
+
+    @property
+    def n_rows(self) -> int:
+        """the number of rows: the product of lead_shape"""
+
+
 @dataclass
 class Logits:
-    """A logits buffer as the core sees it: rows of n_cols contiguous values."""
+    """A logits buffer as the core sees it: rows of n_cols contiguous values
+    (a :class:`DescribedLogits`)."""
 
     keep: Any  # the array or tensor that owns the memory
     ptr: int
@@ -117,17 +149,16 @@ class Logits:
     rows_inner: int
     row_stride: int
     outer_stride: int
-    torch: bool
 
     @property
     def dtype_code(self) -> int:
         return _core.DTYPES[self.dtype]
 
 
-def _collapse(shape, strides):
+def _collapse(shape: Sequence[int], strides: Sequence[int]) -> Optional[Tuple[int, int, int, int]]:
     """Leading axes as (n_rows, rows_inner, row_stride, outer_stride), or None
     when they cannot be written with two strides."""
-    dims = []
+    dims: List[Tuple[int, int]] = []
     for n, s in zip(shape, strides):
         if n == 1:
             continue
@@ -163,7 +194,7 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     return _describe(a, a.__array_interface__["data"][0], dtype, a.shape, strides, False, name)
 
 
-def torch_dtype_name(x, name: str) -> str:
+def torch_dtype_name(x: torch.Tensor, name: str) -> str:
     """The dtype name of a torch logits tensor, or TypeError / ValueError."""
     import torch
 
@@ -176,7 +207,7 @@ def torch_dtype_name(x, name: str) -> str:
     return names[x.dtype]
 
 
-def _torch_logits(x, name):
+def _torch_logits(x: torch.Tensor, name: str) -> Logits:
     dtype = torch_dtype_name(x, name)
     x = x.detach()
     if x.shape[-1] > 1 and x.stride(-1) != 1:
@@ -184,8 +215,9 @@ def _torch_logits(x, name):
     return _describe(x, x.data_ptr(), dtype, tuple(x.shape), tuple(x.stride()[:-1]), True, name)
 
 
-def _describe(keep, ptr, dtype, shape, lead_strides, torch, name):
-    shape = tuple(int(n) for n in shape)
+def _describe(keep: Any, ptr: int, dtype: str, shape_in: Sequence[int], lead_strides: Sequence[int],
+              torch: bool, name: str) -> Logits:
+    shape = tuple(int(n) for n in shape_in)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
     rows = _collapse(shape[:-1], lead_strides)
@@ -197,13 +229,14 @@ def _describe(keep, ptr, dtype, shape, lead_strides, torch, name):
             keep = np.ascontiguousarray(keep)
             ptr = keep.__array_interface__["data"][0]
         rows = _collapse(shape[:-1], _contiguous_strides(shape))
+        assert rows is not None  # C-contiguous leading axes merge into one
     n_rows = math.prod(shape[:-1])
     _, rows_inner, row_stride, outer_stride = rows
     return Logits(keep, ptr, dtype, shape[:-1], shape[-1], n_rows, rows_inner,
-                  row_stride, outer_stride, torch)
+                  row_stride, outer_stride)
 
 
-def _contiguous_strides(shape):
+def _contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     strides, acc = [], 1
     for n in reversed(shape):
         strides.append(acc)
@@ -214,7 +247,7 @@ def _contiguous_strides(shape):
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def as_index_array(x: Any, name: str) -> np.ndarray:
+def as_index_array(x: Any, name: str) -> npt.NDArray[np.integer[Any]]:
     """An integer array (numpy or torch CPU/CUDA) as numpy, or TypeError."""
     if is_torch(x):
         x = x.detach().cpu().numpy()
@@ -224,7 +257,7 @@ def as_index_array(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def _first_above(a: np.ndarray, limit: int) -> Optional[int]:
+def _first_above(a: npt.NDArray[np.integer[Any]], limit: int) -> Optional[int]:
     """The flat index of the first entry > limit, None when there is none
     (compared in a's own dtype: no wrap of uint64 values)."""
     if not a.size or a.max() <= limit:
@@ -232,7 +265,8 @@ def _first_above(a: np.ndarray, limit: int) -> Optional[int]:
     return int(np.argmax(a.reshape(-1) > limit))
 
 
-def as_targets(targets: Any, logits: Logits, check_range: bool = True, ignore_index: int = -100) -> np.ndarray:
+def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
+               ignore_index: int = -100) -> I64Array:
     """Targets as contiguous int64 of n_rows. With check_range, a counted
     target (neither negative nor ignore_index) >= vocab is a ValueError here
     (the native core checks them itself)."""
@@ -258,7 +292,7 @@ def as_targets(targets: Any, logits: Logits, check_range: bool = True, ignore_in
 MAX_TABLE_ENTRY = 2**32 - 1
 
 
-def as_table(table: Any, n_cols: int, name: str) -> np.ndarray:
+def as_table(table: Any, n_cols: int, name: str) -> I64Array:
     """A per-token-id count table (bytes or characters) of length n_cols."""
     a = as_index_array(table, name)
     if a.ndim != 1 or a.shape[0] != n_cols:

@@ -8,21 +8,24 @@ import math
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
 from ._config import show_config
-from ._files import FileError, load_array
+from ._engine import check_positive_int
+from ._errors import InputError
+from ._files import load_array
+from ._types import I64Array
 from .comparison import comparison_from_tokens, token_values
+from .convert import LN2
 from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
 
-LN2 = math.log(2)
 
-
-def _demo(_args) -> int:
+def _demo(_args: argparse.Namespace) -> int:
     """Metrics of a small built-in example: 3 positions over a 4-token vocabulary."""
     logits = np.array([[2.0, 1.0, -1.0, -2.0], [-1.0, 2.0, 1.0, -2.0], [1.0, -1.0, 2.0, -2.0]], np.float32)
     targets = np.array([1, 2, 2])
@@ -38,7 +41,7 @@ def _demo(_args) -> int:
     return 0
 
 
-def _make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0):
+def _make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0) -> npt.NDArray[Any]:
     """Synthetic logits (normal, scale 3) in the asked dtype, as numpy."""
     rng = np.random.default_rng(seed)
     z = np.empty((tokens, vocab), np.float32)
@@ -51,11 +54,11 @@ def _make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0):
     try:
         import ml_dtypes
     except ImportError:
-        raise ValueError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
+        raise InputError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
     return z.astype(ml_dtypes.bfloat16)
 
 
-def _reference_sum(z, targets) -> float:
+def _reference_sum(z: npt.NDArray[Any], targets: I64Array) -> float:
     """Summed NLL in float64, chunk by chunk (numpy only)."""
     total = 0.0
     for i in range(0, z.shape[0], 128):
@@ -66,7 +69,7 @@ def _reference_sum(z, targets) -> float:
     return total
 
 
-def _best(fn, repeat: int) -> float:
+def _best(fn: Callable[[], object], repeat: int) -> float:
     fn()
     best = float("inf")
     for _ in range(repeat):
@@ -76,19 +79,19 @@ def _best(fn, repeat: int) -> float:
     return best
 
 
-def _bench_cuda(args) -> int:
+def _bench_cuda(args: argparse.Namespace) -> int:
     """lmmetrics on a CUDA tensor (torch in row chunks) against F.cross_entropy
     on the same GPU: time, and extra memory above the input."""
     try:
         import torch
         import torch.nn.functional as F
     except ImportError:
-        raise ValueError("--device cuda needs torch (with CUDA)") from None
+        raise InputError("--device cuda needs torch (with CUDA)") from None
 
     from .evaluation import evaluate
 
     if not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no CUDA device")
+        raise InputError("--device cuda, but torch sees no CUDA device")
     dtype = getattr(torch, args.dtype)
     g = torch.Generator(device="cuda").manual_seed(0)
     z = (torch.randn(args.tokens, args.vocab, device="cuda", generator=g) * 3).to(dtype)
@@ -101,7 +104,7 @@ def _bench_cuda(args) -> int:
           f"({z.numel() * z.element_size() / 1e9:.2f} GB)")
     print(f"summed NLL {total:.6f}, float64 reference {ref:.6f}, relative error {rel:.1e}")
 
-    def measure(fn):
+    def measure(fn: Callable[[], object]) -> Tuple[float, int]:
         fn()
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -124,7 +127,7 @@ def _bench_cuda(args) -> int:
     return 0 if rel <= 1e-5 else 1
 
 
-def _bench(args) -> int:
+def _bench(args: argparse.Namespace) -> int:
     if args.device == "cuda":
         return _bench_cuda(args)
     threads = args.threads or _core.max_threads()
@@ -139,7 +142,7 @@ def _bench(args) -> int:
     rel = abs(total - ref) / abs(ref)
     print(f"summed NLL {total:.6f}, float64 reference {ref:.6f}, relative error {rel:.1e}")
 
-    rows = []
+    rows: List[Tuple[str, float, Optional[float]]] = []
     read = _best(lambda: _core.read_pass(ptr, nbytes, threads), args.repeat)
     one = _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=1), args.repeat)
     read1 = _best(lambda: _core.read_pass(ptr, nbytes, 1), args.repeat)
@@ -148,17 +151,8 @@ def _bench(args) -> int:
     rows.append((f"read-only pass, {threads} threads", read, None))
     rows.append((f"lmmetrics, {threads} threads",
                  _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=threads), args.repeat), read))
-    torch_time = None
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        torch = None
-    if torch is not None:
-        torch.set_num_threads(threads)
-        zt = torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16) if args.dtype == "bfloat16" else torch.from_numpy(z)
-        tt = torch.from_numpy(targets)
-        torch_time = _best(lambda: F.cross_entropy(zt, tt, reduction="sum"), max(1, args.repeat // 2))
+    torch_time = _torch_time(z, targets, args.dtype, threads, max(1, args.repeat // 2))
+    if torch_time is not None:
         rows.append((f"torch F.cross_entropy, {threads} threads", torch_time, None))
     print()
     if torch_time is None:
@@ -174,28 +168,43 @@ def _bench(args) -> int:
     return 0
 
 
-def _rows(x, name: str, vocab: Optional[int] = None):
+def _torch_time(z: npt.NDArray[Any], targets: I64Array, dtype: str, threads: int,
+                repeat: int) -> Optional[float]:
+    """The best time of torch's F.cross_entropy (sum) on the same logits,
+    None when torch is not installed."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    zt = torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(z)
+    tt = torch.from_numpy(targets)
+    return _best(lambda: F.cross_entropy(zt, tt, reduction="sum"), repeat)
+
+
+def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
     """A logits array as (rows, V) without copying (numpy or torch)."""
     if len(x.shape) < 1 or x.shape[-1] < 1:
-        raise FileError(f"{name} must be shaped (..., vocab), got {tuple(x.shape)}")
+        raise InputError(f"{name} must be shaped (..., vocab), got {tuple(x.shape)}")
     if "float" not in str(x.dtype):
-        raise FileError(f"{name} must hold float logits, got dtype {x.dtype}")
+        raise InputError(f"{name} must hold float logits, got dtype {x.dtype}")
     if vocab is not None and x.shape[-1] != vocab:
-        raise FileError(f"{name} has a vocabulary of {x.shape[-1]}, the logits {vocab}")
+        raise InputError(f"{name} has a vocabulary of {x.shape[-1]}, the logits {vocab}")
     return x.reshape(-1, x.shape[-1])
 
 
-def _targets(t, logits_shape, name="targets"):
+def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets") -> npt.NDArray[np.integer[Any]]:
     kind = str(getattr(t, "dtype", ""))
     if "int" not in kind:
-        raise FileError(f"{name} must hold integers, got dtype {kind}")
+        raise InputError(f"{name} must hold integers, got dtype {kind}")
     if tuple(t.shape) != tuple(logits_shape[:-1]):
-        raise FileError(f"{name} shape {tuple(t.shape)} does not match the logits rows "
+        raise InputError(f"{name} shape {tuple(t.shape)} does not match the logits rows "
                         f"{tuple(logits_shape[:-1])} (logits shape {tuple(logits_shape)})")
     return np.asarray(t).reshape(-1)
 
 
-def _chunks(n_rows: int, vocab: int, itemsize: int, args):
+def _chunks(n_rows: int, vocab: int, itemsize: int, args: argparse.Namespace) -> Iterable[Tuple[int, int]]:
     """Row ranges of about --chunk-mb each, with a progress bar on stderr
     (when it is a terminal and not --quiet)."""
     step = max(1, int(args.chunk_mb * 2**20) // (vocab * itemsize))
@@ -206,18 +215,19 @@ def _chunks(n_rows: int, vocab: int, itemsize: int, args):
         from tqdm import tqdm
     except ImportError:
         return ranges
-    return tqdm(ranges, desc=f"lmmetrics {args.command}", unit="chunk", file=sys.stderr)
+    bar: Iterable[Tuple[int, int]] = tqdm(ranges, desc=f"lmmetrics {args.command}", unit="chunk",
+                                          file=sys.stderr)
+    return bar
 
 
-def _score(args) -> int:
+def _score(args: argparse.Namespace) -> int:
     raw = load_array(args.logits, "logits", args.key)
     z = _rows(raw, args.logits)
     t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
     tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
     ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
                    num_threads=args.threads)
-    if tb is not None:
-        ev._table(z.shape[1])  # a vocab / token_bytes mismatch fails before any work
+    ev.check_vocab(z.shape[1])  # a vocab / token_bytes mismatch fails before any work
     for a, b in _chunks(z.shape[0], z.shape[1], _itemsize(z), args):
         ev.update(z[a:b], t[a:b])
     m = ev.compute()
@@ -225,12 +235,12 @@ def _score(args) -> int:
     return 0
 
 
-def _compare(args) -> int:
+def _compare(args: argparse.Namespace) -> int:
     raw = load_array(args.logits, "logits", args.key)
     z = _rows(raw, args.logits)
     r = _rows(load_array(args.reference, "reference_logits", args.key), args.reference, z.shape[1])
     if r.shape[0] != z.shape[0]:
-        raise FileError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
+        raise InputError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
     t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
     parts = []
     for a, b in _chunks(z.shape[0], z.shape[1], 2 * _itemsize(z), args):
@@ -241,11 +251,11 @@ def _compare(args) -> int:
     return 0
 
 
-def _itemsize(x) -> int:
-    return x.element_size() if hasattr(x, "element_size") else x.itemsize
+def _itemsize(x: Any) -> int:
+    return int(x.element_size() if hasattr(x, "element_size") else x.itemsize)
 
 
-def _info(_args) -> int:
+def _info(_args: argparse.Namespace) -> int:
     show_config()
     return 0
 
@@ -254,7 +264,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the error as one line (``lmmetrics score: error: ...``),
     exit code 2, like every other bad input."""
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -263,9 +273,10 @@ def _positive_int(text: str) -> int:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return v
+    try:
+        return check_positive_int("value", v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
 
 
 def _positive_float(text: str) -> float:
@@ -328,7 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the native kernel (default); cuda: torch tensors on the GPU")
     args = parser.parse_args(argv)
-    handlers = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
+    handlers: Dict[Optional[str], Callable[[argparse.Namespace], int]] = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
                 None: _demo}
     try:
         code = handlers[args.command](args)
@@ -336,7 +347,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except (FileError, ValueError, TypeError, OSError, MemoryError) as e:
+    except (InputError, ValueError, TypeError, OSError, MemoryError) as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         if isinstance(e, MemoryError):
             msg = f"out of memory{': ' + msg if msg != 'MemoryError' else ''}"
@@ -344,7 +355,3 @@ def main(argv: Optional[List[str]] = None) -> int:
             msg = f"{e.filename + ': ' if e.filename else ''}{e.strerror or msg}"
         print(f"lmmetrics {args.command or 'demo'}: error: {msg}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

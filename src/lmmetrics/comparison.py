@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _engine
+from ._types import BoolArray, F64Array
 from .convert import exp
 
 KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0, 0.1)
@@ -46,7 +47,7 @@ class Distribution:
     median: float
     percentiles: Dict[float, float] = field(default_factory=dict)
 
-    def ordered(self):
+    def ordered(self) -> List[Tuple[float, float]]:
         """(percent, value) from the highest percentile down, the median
         in its place."""
         items = {**self.percentiles, 50.0: self.median}
@@ -77,10 +78,10 @@ class Comparison:
         return d
 
     def __str__(self) -> str:
-        def row(name, value):
+        def row(name: str, value: object) -> str:
             return f"{name:<32}: {value}"
 
-        def pct(e: Estimate, scale=100.0):
+        def pct(e: Estimate, scale: float = 100.0) -> str:
             return f"{e.value * scale:9.3f} ± {e.uncertainty * scale:.3f} %"
 
         lines = ["====== Perplexity statistics ======",
@@ -119,7 +120,7 @@ def _mean_sigma(s: float, s2: float, n: int) -> Tuple[float, float]:
     return f, math.sqrt(var) if var > 0 and n > 10 else 0.0
 
 
-def _distribution(x: np.ndarray, pcts) -> Distribution:
+def _distribution(x: F64Array, pcts: Sequence[float]) -> Distribution:
     n = x.size
     mean, sigma = _mean_sigma(float(np.sum(x)), float(np.sum(x * x)), n)
     per = {p: float(v) for p, v in zip(pcts, np.quantile(x, [p / 100.0 for p in pcts]))}
@@ -127,8 +128,8 @@ def _distribution(x: np.ndarray, pcts) -> Distribution:
     return Distribution(Estimate(mean, sigma), float(x.max()), float(x.min()), median, per)
 
 
-def comparison_from_tokens(nll_m: np.ndarray, nll_r: np.ndarray, kld: np.ndarray,
-                           same: np.ndarray) -> Comparison:
+def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
+                           same: BoolArray) -> Comparison:
     """The statistics from per-token float64 values of the counted tokens."""
     n = int(nll_m.size)
     if n == 0:
@@ -180,7 +181,8 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
 
 
 def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
-                 shift: bool = False, softcap: Optional[float] = None, num_threads: Optional[int] = None):
+                 shift: bool = False, softcap: Optional[float] = None,
+                 num_threads: Optional[int] = None) -> Tuple[F64Array, F64Array, F64Array, BoolArray]:
     """Per counted token, from one read of both logits: (nll_m, nll_r, kld,
     same) as :func:`comparison_from_tokens` takes them (concatenate the
     values of several chunks first)."""
@@ -188,4 +190,5 @@ def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_ind
                       softcap=softcap, num_threads=num_threads, nll=True, ref_nll=True, kl=True,
                       argmax=True)
     c = res.counted
-    return res.nll[c], res.ref_nll[c], res.kl[c], res.argmax[c] == res.ref_argmax[c]
+    return (res.floats("nll")[c], res.floats("ref_nll")[c], res.floats("kl")[c],
+            res.indices("argmax")[c] == res.indices("ref_argmax")[c])

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union, overload
 
 import numpy as np
+import numpy.typing as npt
+
+from ._engine import check_positive_int
+from ._types import FloatArray
 
 LN2 = math.log(2.0)
 
@@ -18,40 +22,55 @@ def exp(x: float) -> float:
         return math.inf
 
 
+def bits_per_unit(nll_sum: float, units: float) -> float:
+    """Bits per unit (byte, character) of ``units`` units scored with a
+    summed NLL of ``nll_sum`` nats: ``nll_sum / (ln 2 * units)``, inf when
+    no unit was counted."""
+    return nll_sum / (LN2 * units) if units else math.inf
+
+
 __all__ = ["nats_to_bits", "bits_to_nats", "bpc_from_perplexity", "perplexity_from_bpc", "corpus_metrics"]
 
 
-def nats_to_bits(x):
+@overload
+def nats_to_bits(x: float) -> float: ...
+@overload
+def nats_to_bits(x: npt.NDArray[Any]) -> FloatArray: ...
+
+
+def nats_to_bits(x: Union[float, npt.NDArray[Any]]) -> Union[float, FloatArray]:
     """Nats to bits (divide by ln 2); works on floats and arrays."""
     return x / LN2
 
 
-def bits_to_nats(x):
+@overload
+def bits_to_nats(x: float) -> float: ...
+@overload
+def bits_to_nats(x: npt.NDArray[Any]) -> FloatArray: ...
+
+
+def bits_to_nats(x: Union[float, npt.NDArray[Any]]) -> Union[float, FloatArray]:
     """Bits to nats (multiply by ln 2); works on floats and arrays."""
     return x * LN2
-
-
-def _positive(name: str, value) -> float:
-    v = float(value)
-    if not v > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return v
 
 
 def bpc_from_perplexity(ppl: float, num_tokens: int, num_chars: int) -> float:
     """Bits per character of a text of ``num_chars`` characters scored as
     ``num_tokens`` tokens with token-level perplexity ``ppl``:
     ``BPC = N / T * ln(PPL) / ln 2``."""
-    ppl = _positive("ppl", ppl)
-    return _positive("num_tokens", num_tokens) / _positive("num_chars", num_chars) * math.log(ppl) / LN2
+    if not float(ppl) > 0:
+        raise ValueError(f"ppl must be positive, got {ppl!r}")
+    return (check_positive_int("num_tokens", num_tokens) / check_positive_int("num_chars", num_chars)
+            * math.log(ppl) / LN2)
 
 
 def perplexity_from_bpc(bpc: float, num_tokens: int, num_chars: int) -> float:
     """The token-level perplexity matching ``bpc``: ``exp(BPC * ln 2 * T / N)``."""
-    return exp(float(bpc) * LN2 * _positive("num_chars", num_chars) / _positive("num_tokens", num_tokens))
+    return exp(float(bpc) * LN2 * check_positive_int("num_chars", num_chars)
+               / check_positive_int("num_tokens", num_tokens))
 
 
-def _counts(name: str, counts, n: int) -> Optional[float]:
+def _counts(name: str, counts: Optional[Sequence[int]], n: int) -> Optional[float]:
     if counts is None:
         return None
     c = np.asarray(counts, dtype=np.float64)
@@ -83,14 +102,13 @@ def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[
     n_words = _counts("words", words, ll.size)
     n_bytes = _counts("bytes", bytes, ll.size)
 
-    def ratio(count):
+    def perplexity(count: Optional[float]) -> Optional[float]:
         if count is None:
             return None
-        return -total / count if count else float("inf")
+        return exp(-total / count) if count else math.inf
 
-    per_word, per_byte = ratio(n_words), ratio(n_bytes)
     return {
-        "word_perplexity": None if per_word is None else exp(per_word),
-        "byte_perplexity": None if per_byte is None else exp(per_byte),
-        "bits_per_byte": None if per_byte is None else per_byte / LN2,
+        "word_perplexity": perplexity(n_words),
+        "byte_perplexity": perplexity(n_bytes),
+        "bits_per_byte": None if n_bytes is None else bits_per_unit(-total, n_bytes),
     }

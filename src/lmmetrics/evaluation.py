@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterable, Optional
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _engine
 from ._inputs import as_index_array, as_table
-from .convert import LN2, exp
+from ._types import I64Array
+from .convert import LN2, bits_per_unit, exp
 from .metrics import unit_sums
 
 
@@ -45,7 +46,7 @@ class Metrics:
     kl: Optional[float] = None        #: mean KL(P_ref || P_model) (with reference logits, else None)
     same_top: Optional[float] = None  #: fraction whose argmax agrees with the reference's
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> Dict[str, Optional[float]]:
         """The fields as a plain dict (JSON-ready)."""
         return asdict(self)
 
@@ -58,9 +59,36 @@ class Metrics:
         return "\n".join(rows)
 
 
-# The state: sums over everything seen, in a fixed order (see state_dict).
-_COUNTS = ("tokens", "ignored", "bytes", "correct", "kl_tokens", "same_top")
-_SUMS = ("nll_sum", "nll_sum_bytes", "entropy_sum", "kl_sum")
+@dataclass
+class _Sums:
+    """An Evaluator's state: counts and float64 sums over everything seen,
+    in the order of :meth:`Evaluator.state_dict`."""
+
+    tokens: int = 0
+    ignored: int = 0
+    bytes: int = 0
+    correct: int = 0
+    kl_tokens: int = 0
+    same_top: int = 0
+    nll_sum: float = 0.0
+    nll_sum_bytes: float = 0.0
+    entropy_sum: float = 0.0
+    kl_sum: float = 0.0
+
+
+_COUNTS = tuple(f.name for f in fields(_Sums) if isinstance(f.default, int))  # the integer fields
+_SUMS = tuple(f.name for f in fields(_Sums) if isinstance(f.default, float))
+
+
+def _sums(values: Mapping[str, float]) -> _Sums:
+    """The state holding ``values`` (every field's): counts rounded to
+    integers (they may arrive as float64 sums), sums as floats."""
+    st = _Sums()
+    for k in _COUNTS:
+        setattr(st, k, int(round(values[k])))
+    for k in _SUMS:
+        setattr(st, k, float(values[k]))
+    return st
 
 
 class Evaluator:
@@ -84,28 +112,41 @@ class Evaluator:
     ``labels``: position t is scored against ``labels[..., t + 1]``),
     ``softcap``. ``update`` takes the batch only. No gradient flows: tensors
     are read detached.
+
+    ``nll_only=True`` reads the logits for the NLL alone (and the bytes
+    with ``token_bytes``, the KL with reference logits): the loss,
+    perplexity and bits per token / byte, for less work a batch; its
+    ``accuracy`` and ``entropy`` are nan.
     """
 
     def __init__(self, *, token_bytes: Any = None, ignore_index: Optional[int] = -100,
                  shift: bool = False, softcap: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, nll_only: bool = False):
         self.ignore_index = _engine.check_ignore_index(ignore_index)
         self.shift = _engine.check_shift(shift)
         _engine.check_softcap(softcap)
         _engine.check_threads(num_threads)
+        if not isinstance(nll_only, (bool, np.bool_)):
+            raise TypeError(f"nll_only must be True or False, got {nll_only!r}")
         self.softcap = softcap
         self.num_threads = num_threads
+        self.nll_only = bool(nll_only)
         self._token_bytes_in = token_bytes
-        self._token_bytes: Optional[np.ndarray] = None
-        self._full = True  # entropy and accuracy as well as the NLL
-        self.reset()
+        self._token_bytes: Optional[I64Array] = None
+        self._state = _Sums()
 
     def reset(self) -> None:
         """Forget everything seen."""
-        self._state = {k: 0 for k in _COUNTS}
-        self._state.update({k: 0.0 for k in _SUMS})
+        self._state = _Sums()
 
-    def _table(self, n_cols: int) -> Optional[np.ndarray]:
+    def check_vocab(self, n_cols: int) -> None:
+        """Check ``token_bytes`` against a vocabulary of ``n_cols`` (the
+        logits' last axis) before any batch: ValueError unless it is a 1-D
+        table of that length of counts from 0 to 2^32 - 1. Nothing to check
+        without token_bytes. ``update`` checks each batch the same way."""
+        self._table(n_cols)
+
+    def _table(self, n_cols: int) -> Optional[I64Array]:
         if self._token_bytes_in is None:
             return None
         if self._token_bytes is None or self._token_bytes.shape[0] != n_cols:
@@ -118,81 +159,91 @@ class Evaluator:
         logits dtype). All or nothing: an error (or a KeyboardInterrupt)
         leaves the sums as they were."""
         ref = reference_logits is not None
+        full = not self.nll_only
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
-                          nll=True, entropy=self._full, argmax=self._full, kl=ref)
+                          nll=True, entropy=full, argmax=full, kl=ref)
         table = self._table(res.n_cols)
-        st = dict(self._state)
+        st = replace(self._state)
         self._add(st, res, table, ref)
         self._state = st
 
-    def _add(self, st: Dict[str, Any], res: _engine.RowResults, table: Optional[np.ndarray],
-             ref: bool) -> None:
+    def _add(self, st: _Sums, res: _engine.RowResults, table: Optional[I64Array], ref: bool) -> None:
         n = res.n_counted
-        st["tokens"] += n
-        st["ignored"] += res.nll.size - n
-        st["nll_sum"] += res.nll_sum
-        if table is None and not self._full and not ref:
+        nll = res.floats("nll")
+        st.tokens += n
+        st.ignored += nll.size - n
+        st.nll_sum += res.nll_sum
+        if table is None and self.nll_only and not ref:
             return
         counted = res.counted
         if table is not None:
             nbytes, nll_bytes = unit_sums(res, table)
-            st["bytes"] += nbytes
-            st["nll_sum_bytes"] += nll_bytes
-        if self._full:
-            st["correct"] += int(np.count_nonzero(counted & (res.argmax == res.targets)))
-            st["entropy_sum"] += float(np.sum(res.entropy))
+            st.bytes += nbytes
+            st.nll_sum_bytes += nll_bytes
+        if not self.nll_only:
+            st.correct += int(np.count_nonzero(counted & (res.indices("argmax") == res.target_ids)))
+            st.entropy_sum += float(np.sum(res.floats("entropy")))
         if ref:
-            st["kl_tokens"] += n
-            st["kl_sum"] += float(np.sum(res.kl))
-            st["same_top"] += int(np.count_nonzero(counted & (res.argmax == res.ref_argmax)))
+            st.kl_tokens += n
+            st.kl_sum += float(np.sum(res.floats("kl")))
+            st.same_top += int(np.count_nonzero(counted & (res.indices("argmax") == res.indices("ref_argmax"))))
 
     def compute(self) -> Metrics:
         """The metrics of everything seen so far."""
         st = self._state
-        n = st["tokens"]
-        loss = st["nll_sum"] / n if n else math.nan
+        n = st.tokens
+        loss = st.nll_sum / n if n else math.nan
         has_bytes = self._token_bytes_in is not None
-        bpb = None
-        if has_bytes:
-            bpb = st["nll_sum_bytes"] / (LN2 * st["bytes"]) if st["bytes"] else math.inf
-        kn = st["kl_tokens"]
+        kn = st.kl_tokens
         return Metrics(
-            tokens=n, ignored=st["ignored"], bytes=st["bytes"] if has_bytes else None,
-            nll_sum=st["nll_sum"], loss=loss, perplexity=exp(loss) if n else math.nan,
-            bits_per_token=loss / LN2, bits_per_byte=bpb,
-            accuracy=st["correct"] / n if n else math.nan,
-            entropy=st["entropy_sum"] / n if n else math.nan,
-            kl=st["kl_sum"] / kn if kn else None,
-            same_top=st["same_top"] / kn if kn else None)
+            tokens=n, ignored=st.ignored, bytes=st.bytes if has_bytes else None,
+            nll_sum=st.nll_sum, loss=loss, perplexity=exp(loss) if n else math.nan,
+            bits_per_token=loss / LN2, bits_per_byte=self.bits_per_byte() if has_bytes else None,
+            accuracy=st.correct / n if n and not self.nll_only else math.nan,
+            entropy=st.entropy_sum / n if n and not self.nll_only else math.nan,
+            kl=st.kl_sum / kn if kn else None,
+            same_top=st.same_top / kn if kn else None)
 
-    def _check_compatible(self, other: "Evaluator") -> None:
+    def bits_per_byte(self) -> float:
+        """The bits per byte of everything seen so far, as
+        ``compute().bits_per_byte`` (inf when no byte was counted);
+        ValueError for an Evaluator without token_bytes."""
+        if self._token_bytes_in is None:
+            raise ValueError("bits per byte needs token_bytes (Evaluator(token_bytes=...))")
+        return bits_per_unit(self._state.nll_sum_bytes, self._state.bytes)
+
+    def _check_compatible(self, other: Evaluator) -> None:
         if not isinstance(other, Evaluator):
             raise TypeError(f"can only merge another Evaluator, got {type(other).__name__}")
         if (other.ignore_index, other.softcap) != (self.ignore_index, self.softcap):
             raise ValueError("cannot merge Evaluators with different ignore_index or softcap")
+        if other.nll_only != self.nll_only:
+            raise ValueError("cannot merge an nll_only Evaluator and one computing every metric")
         if (other._token_bytes_in is None) != (self._token_bytes_in is None):
             raise ValueError("cannot merge an Evaluator with token_bytes and one without")
         if self._token_bytes_in is not None and not _same_table(self._token_bytes_in, other._token_bytes_in):
             raise ValueError("cannot merge Evaluators with different token_bytes tables")
 
-    def merge(self, other: "Evaluator") -> "Evaluator":
+    def merge(self, other: Evaluator) -> Evaluator:
         """Add another Evaluator's sums to this one (e.g. from another worker)."""
         self._check_compatible(other)
-        self._state = {k: v + other._state[k] for k, v in self._state.items()}
+        mine, theirs = asdict(self._state), asdict(other._state)
+        self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
         return self
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> Dict[str, Union[int, float]]:
         """The sums as a dict of Python numbers (picklable, JSON-ready)."""
-        return dict(self._state)
+        return asdict(self._state)
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Replace the sums by those of :meth:`state_dict`."""
-        missing = set(self._state) - set(state)
-        unknown = set(state) - set(self._state)
+        names = set(_COUNTS + _SUMS)
+        missing = names - set(state)
+        unknown = set(state) - names
         if missing or unknown:
             raise ValueError(f"not an Evaluator state: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        new = {}
+        new: Dict[str, Union[int, float]] = {}
         for k in _COUNTS:
             v = state[k]
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
@@ -206,9 +257,9 @@ class Evaluator:
         if new["correct"] > new["tokens"] or new["same_top"] > new["kl_tokens"] or new["kl_tokens"] > new["tokens"]:
             raise ValueError("Evaluator state: inconsistent counts (correct, kl_tokens and same_top "
                              "cannot exceed tokens)")
-        self._state = new
+        self._state = _sums(new)
 
-    def all_reduce(self, group: Any = None) -> "Evaluator":
+    def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed`` (every
         rank ends with the global sums). A no-op when torch.distributed is
         not initialized. The sums travel as one float64 tensor, on the
@@ -218,20 +269,20 @@ class Evaluator:
 
         if not (dist.is_available() and dist.is_initialized()):
             return self
-        keys = _COUNTS + _SUMS
-        device = "cpu"
+        state = self.state_dict()
+        device: Union[str, torch.device] = "cpu"
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        vals = torch.tensor([float(self._state[k]) for k in keys], dtype=torch.float64, device=device)
+        vals = torch.tensor([float(v) for v in state.values()], dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
-        self._state = state_from_floats(dict(zip(keys, vals.cpu().tolist())))
+        self._state = _sums(dict(zip(state, vals.cpu().tolist())))
         return self
 
     def __repr__(self) -> str:
-        return f"Evaluator(tokens={self._state['tokens']}, ignore_index={self.ignore_index})"
+        return f"Evaluator(tokens={self._state.tokens}, ignore_index={self.ignore_index})"
 
 
-def state_from_floats(values: Dict[str, float]) -> Dict[str, Any]:
+def state_from_floats(values: Mapping[str, float]) -> Dict[str, Union[int, float]]:
     """An Evaluator state from sums carried as floats (counts rounded back
     to integers), e.g. after a float64 all-reduce."""
     return {k: int(round(v)) if k in _COUNTS else float(v) for k, v in values.items()}
@@ -262,7 +313,8 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     return ev.compute()
 
 
-def evaluate_bpb(model: Any, batches: Iterable, steps: int, token_bytes: Any) -> float:
+def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]], steps: int,
+                 token_bytes: Any) -> float:
     """Bits per byte of ``model`` over ``steps`` batches: a drop-in for
     nanochat's ``loss_eval.evaluate_bpb``.
 
@@ -276,8 +328,7 @@ def evaluate_bpb(model: Any, batches: Iterable, steps: int, token_bytes: Any) ->
     import torch
     import torch.distributed as dist
 
-    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1)
-    ev._full = False
+    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True)
     it = iter(batches)
     with torch.no_grad():
         for _ in range(steps):
@@ -285,4 +336,4 @@ def evaluate_bpb(model: Any, batches: Iterable, steps: int, token_bytes: Any) ->
             ev.update(model(x), y)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         ev.all_reduce()
-    return ev.compute().bits_per_byte
+    return ev.bits_per_byte()

@@ -18,17 +18,25 @@ detached, and no gradient flows to the results.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, Tuple, TypeVar, Union, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _engine
 from ._inputs import as_table
-from .convert import LN2, exp
+from ._types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits, RowOptions
+from .convert import LN2, bits_per_unit, exp
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import Unpack
+
 _REDUCTIONS = ("mean", "sum", "none")
+_Values = TypeVar("_Values", bound=Union[npt.NDArray[Any], np.generic])
 
 
-def as_output(values: np.ndarray, res: _engine.RowResults):
+def as_output(values: _Values, res: _engine.RowResults) -> Union[_Values, torch.Tensor]:
     """values as they go back to the user: a torch tensor on the logits'
     device when the logits are a tensor, else numpy as given."""
     if res.device is not None:
@@ -38,14 +46,15 @@ def as_output(values: np.ndarray, res: _engine.RowResults):
     return values
 
 
-def _per_position(values: np.ndarray, res: _engine.RowResults):
+def _per_position(values: F64Array, res: _engine.RowResults) -> Union[FloatArray, torch.Tensor]:
     """Per-row values shaped like the logits without their vocabulary axis:
     float64 for float64 logits, else float32."""
-    dtype = np.float64 if res.dtype == "float64" else np.float32
-    return as_output(values.astype(dtype, copy=False).reshape(res.lead_shape), res)
+    typed: FloatArray = values if res.dtype == "float64" else values.astype(np.float32)
+    return as_output(typed.reshape(res.lead_shape), res)
 
 
-def _nll(logits, targets, ignore_index, shift, softcap, num_threads) -> _engine.RowResults:
+def _nll(logits: Any, targets: Any, ignore_index: Optional[int], shift: bool, softcap: Optional[float],
+         num_threads: Optional[int]) -> _engine.RowResults:
     return _engine.run(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                        num_threads=num_threads, nll=True)
 
@@ -59,8 +68,20 @@ def _check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
+# Per-position results follow the logits: a tensor for a tensor, numpy for
+# numpy (or what np.asarray takes); a model output gives either.
+@overload
+def token_nll(logits: torch.Tensor, targets: Any, **options: Unpack[NllOptions]) -> torch.Tensor: ...
+@overload
+def token_nll(logits: NumpyLogits, targets: Any, **options: Unpack[NllOptions]) -> FloatArray: ...
+@overload
+def token_nll(logits: Any, targets: Any,
+              **options: Unpack[NllOptions]) -> Union[FloatArray, torch.Tensor]: ...
+
+
 def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
-              softcap: Optional[float] = None, num_threads: Optional[int] = None):
+              softcap: Optional[float] = None,
+              num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
     """Negative log-likelihood of each target in nats, shaped like ``targets``
     (like ``targets[..., 1:]`` with ``shift=True``).
 
@@ -73,11 +94,26 @@ def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, 
     array([0.6931472], dtype=float32)
     """
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
-    return _per_position(res.nll, res)
+    return _per_position(res.floats("nll"), res)
+
+
+@overload
+def cross_entropy(logits: Any, targets: Any, *, reduction: Literal["mean", "sum"] = ...,
+                  **options: Unpack[NllOptions]) -> float: ...
+@overload
+def cross_entropy(logits: torch.Tensor, targets: Any, *, reduction: Literal["none"],
+                  **options: Unpack[NllOptions]) -> torch.Tensor: ...
+@overload
+def cross_entropy(logits: NumpyLogits, targets: Any, *, reduction: Literal["none"],
+                  **options: Unpack[NllOptions]) -> FloatArray: ...
+@overload
+def cross_entropy(logits: Any, targets: Any, *, reduction: str,
+                  **options: Unpack[NllOptions]) -> Union[float, FloatArray, torch.Tensor]: ...
 
 
 def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_index: Optional[int] = -100,
-                  shift: bool = False, softcap: Optional[float] = None, num_threads: Optional[int] = None):
+                  shift: bool = False, softcap: Optional[float] = None,
+                  num_threads: Optional[int] = None) -> Union[float, FloatArray, torch.Tensor]:
     """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``
     (with ``shift=True``, as the ``loss`` of a transformers causal LM given
     ``labels``).
@@ -90,7 +126,7 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     _check_reduction(reduction)
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     if reduction == "none":
-        return _per_position(res.nll, res)
+        return _per_position(res.floats("nll"), res)
     if reduction == "sum":
         return res.nll_sum
     return _mean(res.nll_sum, res.n_counted)
@@ -110,8 +146,20 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -
                          num_threads=num_threads) / LN2
 
 
+@overload
+def loglikelihood(logits: torch.Tensor, targets: Any,
+                  **options: Unpack[NllOptions]) -> Tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def loglikelihood(logits: NumpyLogits, targets: Any, **options: Unpack[NllOptions]) -> Tuple[
+        Union[F64Array, np.float64], Union[BoolArray, np.bool_]]: ...
+@overload
+def loglikelihood(logits: Any, targets: Any, **options: Unpack[NllOptions]) -> Tuple[
+        Union[F64Array, np.float64, torch.Tensor], Union[BoolArray, np.bool_, torch.Tensor]]: ...
+
+
 def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
-                  softcap: Optional[float] = None, num_threads: Optional[int] = None):
+                  softcap: Optional[float] = None, num_threads: Optional[int] = None) -> Tuple[
+        Union[F64Array, np.float64, torch.Tensor], Union[BoolArray, np.bool_, torch.Tensor]]:
     """Per sequence, the log-probability of its counted targets and whether
     each of them is the argmax: lm-evaluation-harness's ``loglikelihood``
     (multiple-choice tasks: HellaSwag, ARC, MMLU, ...).
@@ -130,25 +178,25 @@ def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -1
                       num_threads=num_threads, nll=True, argmax=True)
     if not res.lead_shape:
         raise ValueError("loglikelihood needs logits with a time axis (..., T, V)")
-    greedy = ~res.counted | (res.argmax == res.targets)
-    logprob = 0.0 - res.nll.reshape(res.lead_shape).sum(axis=-1)
-    return as_output(logprob, res), as_output(greedy.reshape(res.lead_shape).all(axis=-1), res)
+    greedy = ~res.counted | (res.indices("argmax") == res.target_ids)
+    logprob: Union[F64Array, np.float64] = 0.0 - res.floats("nll").reshape(res.lead_shape).sum(axis=-1)
+    all_greedy: Union[BoolArray, np.bool_] = greedy.reshape(res.lead_shape).all(axis=-1)
+    return as_output(logprob, res), as_output(all_greedy, res)
 
 
-def unit_sums(res: _engine.RowResults, table: np.ndarray):
+def unit_sums(res: _engine.RowResults, table: I64Array) -> Tuple[int, float]:
     """(sum table[target], sum NLL of the tokens whose entry is > 0) over
     counted tokens: bytes (or characters) and the NLL that goes with them."""
-    units = np.where(res.counted, table[np.where(res.counted, res.targets, 0)], 0)
-    return int(units.sum()), float(np.sum(res.nll[units > 0]))
+    counted = res.counted
+    units = np.where(counted, table[np.where(counted, res.target_ids, 0)], 0)
+    return int(units.sum()), float(np.sum(res.floats("nll")[units > 0]))
 
 
-def _per_unit(res: _engine.RowResults, table: np.ndarray, skip_zero: bool) -> float:
+def _per_unit(res: _engine.RowResults, table: I64Array, skip_zero: bool) -> float:
     """sum NLL / (ln 2 * sum table[target]) over counted tokens; with
     skip_zero, tokens whose table entry is 0 leave both sums."""
     total_units, nll_with_units = unit_sums(res, table)
-    if total_units == 0:
-        return float("inf")
-    return (nll_with_units if skip_zero else res.nll_sum) / (LN2 * total_units)
+    return bits_per_unit(nll_with_units if skip_zero else res.nll_sum, total_units)
 
 
 def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: Optional[int] = -100,
@@ -181,16 +229,35 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
     return _per_unit(res, as_table(token_chars, res.n_cols, "token_chars"), skip_zero=False)
 
 
-def token_entropy(logits: Any, *, softcap: Optional[float] = None, num_threads: Optional[int] = None):
+@overload
+def token_entropy(logits: torch.Tensor, **options: Unpack[RowOptions]) -> torch.Tensor: ...
+@overload
+def token_entropy(logits: NumpyLogits, **options: Unpack[RowOptions]) -> FloatArray: ...
+@overload
+def token_entropy(logits: Any, **options: Unpack[RowOptions]) -> Union[FloatArray, torch.Tensor]: ...
+
+
+def token_entropy(logits: Any, *, softcap: Optional[float] = None,
+                  num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
     """Predictive entropy ``-sum p log p`` of each row in nats, shaped like
     the logits without their vocabulary axis (``p = softmax(logits)``;
     entries of probability 0, from -inf logits, add nothing)."""
     res = _engine.run(logits, softcap=softcap, num_threads=num_threads, entropy=True)
-    return _per_position(res.entropy, res)
+    return _per_position(res.floats("entropy"), res)
+
+
+@overload
+def token_kl(logits: torch.Tensor, *, reference_logits: Any,
+             **options: Unpack[RowOptions]) -> torch.Tensor: ...
+@overload
+def token_kl(logits: NumpyLogits, *, reference_logits: Any, **options: Unpack[RowOptions]) -> FloatArray: ...
+@overload
+def token_kl(logits: Any, *, reference_logits: Any,
+             **options: Unpack[RowOptions]) -> Union[FloatArray, torch.Tensor]: ...
 
 
 def token_kl(logits: Any, *, reference_logits: Any, softcap: Optional[float] = None,
-             num_threads: Optional[int] = None):
+             num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
     """``KL(softmax(reference_logits) || softmax(logits))`` of each row in
     nats, shaped like the logits without their vocabulary axis.
 
@@ -203,17 +270,33 @@ def token_kl(logits: Any, *, reference_logits: Any, softcap: Optional[float] = N
     """
     res = _engine.run(logits, reference=reference_logits, softcap=softcap, num_threads=num_threads,
                       kl=True)
-    return _per_position(res.kl, res)
+    return _per_position(res.floats("kl"), res)
+
+
+@overload
+def kl_divergence(logits: Any, *, reference_logits: Any, reduction: Literal["mean", "sum"] = ...,
+                  **options: Unpack[RowOptions]) -> float: ...
+@overload
+def kl_divergence(logits: torch.Tensor, *, reference_logits: Any, reduction: Literal["none"],
+                  **options: Unpack[RowOptions]) -> torch.Tensor: ...
+@overload
+def kl_divergence(logits: NumpyLogits, *, reference_logits: Any, reduction: Literal["none"],
+                  **options: Unpack[RowOptions]) -> FloatArray: ...
+@overload
+def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str,
+                  **options: Unpack[RowOptions]) -> Union[float, FloatArray, torch.Tensor]: ...
 
 
 def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str = "mean",
-                  softcap: Optional[float] = None, num_threads: Optional[int] = None):
+                  softcap: Optional[float] = None,
+                  num_threads: Optional[int] = None) -> Union[float, FloatArray, torch.Tensor]:
     """KL(P_ref || P_model) over rows: ``"mean"`` (nats per row), ``"sum"``
     or ``"none"`` (as :func:`token_kl`). Sums are taken in float64."""
     _check_reduction(reduction)
     res = _engine.run(logits, reference=reference_logits, softcap=softcap, num_threads=num_threads,
                       kl=True)
+    kl = res.floats("kl")
     if reduction == "none":
-        return _per_position(res.kl, res)
-    total = float(np.sum(res.kl))
-    return total if reduction == "sum" else _mean(total, res.kl.size)
+        return _per_position(kl, res)
+    total = float(np.sum(kl))
+    return total if reduction == "sum" else _mean(total, kl.size)

@@ -7,13 +7,17 @@ within ``atol``; otherwise ValueError. Results are in units of ``base``
 from __future__ import annotations
 
 import math
+from typing import Union
 
 import numpy as np
+import numpy.typing as npt
+
+from ._types import F64Array
 
 __all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
 
 
-def _dist(p, name: str, atol: float) -> np.ndarray:
+def _dist(p: npt.ArrayLike, name: str, atol: float) -> F64Array:
     a = np.asarray(p, dtype=np.float64)
     if a.ndim == 0 or a.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty last axis of probabilities")
@@ -35,23 +39,24 @@ def _log(base: float) -> float:
     return math.log(b)
 
 
-def _out(x: np.ndarray):
+def _out(x: F64Array) -> Union[float, F64Array]:
     return float(x) if x.ndim == 0 else x
 
 
-def _xlogy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _xlogy(x: F64Array, y: F64Array) -> F64Array:
     """x * log(y) with 0 * log(anything) = 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(x > 0, x * np.log(np.where(x > 0, y, 1.0)), 0.0)
 
 
-def entropy(p, base: float = 2, *, atol: float = 1e-6):
+def entropy(p: npt.ArrayLike, base: float = 2, *, atol: float = 1e-6) -> Union[float, F64Array]:
     """H(P) = -sum p log p."""
     a = _dist(p, "p", atol)
     return _out(-_xlogy(a, a).sum(axis=-1) / _log(base))
 
 
-def cross_entropy(p, q, base: float = 2, *, atol: float = 1e-6):
+def cross_entropy(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
+                  atol: float = 1e-6) -> Union[float, F64Array]:
     """CE(P, Q) = -sum p log q (inf where q = 0 < p)."""
     a, b = _dist(p, "p", atol), _dist(q, "q", atol)
     if a.shape != b.shape:
@@ -59,7 +64,8 @@ def cross_entropy(p, q, base: float = 2, *, atol: float = 1e-6):
     return _out(-_xlogy(a, b).sum(axis=-1) / _log(base))
 
 
-def kl_divergence(p, q, base: float = 2, *, atol: float = 1e-6):
+def kl_divergence(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
+                  atol: float = 1e-6) -> Union[float, F64Array]:
     """D_KL(P || Q) = sum p log(p / q) = CE(P, Q) - H(P) (inf where q = 0 < p)."""
     a, b = _dist(p, "p", atol), _dist(q, "q", atol)
     if a.shape != b.shape:
@@ -67,6 +73,6 @@ def kl_divergence(p, q, base: float = 2, *, atol: float = 1e-6):
     return _out((_xlogy(a, a) - _xlogy(a, b)).sum(axis=-1) / _log(base))
 
 
-def perplexity(p, base: float = 2, *, atol: float = 1e-6):
+def perplexity(p: npt.ArrayLike, base: float = 2, *, atol: float = 1e-6) -> Union[float, F64Array]:
     """base ** H(P): the effective number of equally likely outcomes."""
     return _out(np.power(float(base), np.asarray(entropy(p, base, atol=atol))))

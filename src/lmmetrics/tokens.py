@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Set
 
 import numpy as np
+
+from ._types import I64Array
 
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 _SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's whitespace
@@ -34,9 +36,9 @@ def _utf8_len(s: str) -> int:
     return len(s.encode("utf-8"))
 
 
-def _types(node: Any) -> set:
+def _types(node: Any) -> Set[str]:
     """Every component "type" in a tokenizers JSON subtree (Sequence nests)."""
-    out = set()
+    out: Set[str] = set()
     if isinstance(node, dict):
         if isinstance(node.get("type"), str):
             out.add(node["type"])
@@ -48,7 +50,7 @@ def _types(node: Any) -> set:
     return out
 
 
-def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> np.ndarray:
+def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I64Array:
     """A ``tokenizers.Tokenizer``: the scheme comes from its decoder and
     pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
     the token text as is)."""
@@ -88,7 +90,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> np
     return out
 
 
-def _from_sentencepiece(sp: Any, size_hint: int) -> np.ndarray:
+def _from_sentencepiece(sp: Any, size_hint: int) -> I64Array:
     """A ``sentencepiece.SentencePieceProcessor``: byte pieces ``<0xAB>`` are
     one byte, ``▁`` a space; control, unknown and unused pieces 0."""
     n = sp.get_piece_size()
@@ -100,7 +102,7 @@ def _from_sentencepiece(sp: Any, size_hint: int) -> np.ndarray:
     return out
 
 
-def _from_tiktoken(enc: Any) -> np.ndarray:
+def _from_tiktoken(enc: Any) -> I64Array:
     n = int(enc.n_vocab)
     out = np.zeros(n, np.int64)
     special = set(getattr(enc, "_special_tokens", {}).values())
@@ -116,7 +118,7 @@ def _from_tiktoken(enc: Any) -> np.ndarray:
     return out
 
 
-def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> np.ndarray:
+def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     """``out[v]`` = the number of UTF-8 bytes token ``v`` stands for; 0 for
     special and control tokens (BOS, EOS, pad, unknown), nanochat's
     convention. An int64 numpy array of length V: ``len(tokenizer)`` (the
@@ -145,7 +147,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> np.ndarray:
     have (one byte more per encoded text), and a normalizer that rewrites the
     text (NFKC, collapsing spaces) changes its byte count.
     """
-    special: set = set()
+    special: Set[int] = set()
     size_hint = 0
     if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "n_vocab"):
         out = _from_tiktoken(tokenizer)

@@ -19,9 +19,10 @@ Needs torchmetrics; ``import lmmetrics`` alone does not import this module
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
+from torch.nn import Module
 from torchmetrics import Metric
 
 from .evaluation import Evaluator, Metrics, state_from_floats
@@ -29,38 +30,31 @@ from .evaluation import Evaluator, Metrics, state_from_floats
 __all__ = ["LanguageModelMetrics", "Perplexity", "BitsPerByte"]
 
 
-class LanguageModelMetrics(Metric):
-    """Every metric of :func:`lmmetrics.evaluate`, streamed: ``compute()``
-    returns a dict of float64 tensors (``loss``, ``perplexity``,
-    ``bits_per_token``, ``accuracy``, ``entropy``, the counts, and
-    ``bits_per_byte`` with ``token_bytes``, ``kl`` and ``same_top`` after
-    updates given ``reference_logits``), ready for ``self.log_dict``.
-
-    ``update(preds, target, *, reference_logits=None)``: logits (..., V) or
-    a model output with ``.logits``, targets (...), the reference keyword-only.
-    """
+class _EvaluatorMetric(Metric):
+    """A torchmetrics Metric over an :class:`lmmetrics.Evaluator`: its sums
+    are the float64 states; subclasses say what ``compute`` reports."""
 
     is_differentiable = False
     higher_is_better: Optional[bool] = None
     full_state_update = False
-    _full = True  # entropy and accuracy as well as the NLL
+    _nll_only = False  # True: the NLL alone (no entropy or accuracy)
 
     def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: bool = False,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ignore_index = ignore_index
         self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift,
-                                    softcap=softcap, num_threads=num_threads)
-        self._evaluator._full = self._full
+                                    softcap=softcap, num_threads=num_threads, nll_only=self._nll_only)
         for k in self._evaluator.state_dict():
             self.add_state(k, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def _apply(self, fn: Any, exclude_state: Any = "") -> "LanguageModelMetrics":
+    def _apply(self, fn: Callable[..., Any], exclude_state: Any = "") -> Module:
         """Move the states with the metric (``.to(device)``, ``.cuda()``) but
         keep them float64 under ``.to(dtype)``: the sums must not round."""
         this = super()._apply(fn, exclude_state=list(self._defaults))
+        assert isinstance(this, _EvaluatorMetric)  # Module._apply returns self
         for k, v in this._defaults.items():
-            this._defaults[k] = v.to(this.device)
+            this._defaults[k] = v.to(this.device) if isinstance(v, torch.Tensor) else v
             setattr(this, k, getattr(this, k).to(this.device))
         return this
 
@@ -72,26 +66,42 @@ class LanguageModelMetrics(Metric):
         for k, v in ev.state_dict().items():
             setattr(self, k, getattr(self, k) + v)
 
-    def _metrics(self) -> Metrics:
-        """The lmmetrics Metrics of the current (synced) states."""
+    def _synced(self) -> Evaluator:
+        """The Evaluator holding the current (synced) states."""
         ev = self._evaluator
         ev.load_state_dict(state_from_floats({k: float(getattr(self, k)) for k in ev.state_dict()}))
-        return ev.compute()
+        return ev
+
+    def _metrics(self) -> Metrics:
+        """The lmmetrics Metrics of the current (synced) states."""
+        return self._synced().compute()
 
     def _value(self, v: float) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.float64, device=self.device)
+
+
+class LanguageModelMetrics(_EvaluatorMetric):
+    """Every metric of :func:`lmmetrics.evaluate`, streamed: ``compute()``
+    returns a dict of float64 tensors (``loss``, ``perplexity``,
+    ``bits_per_token``, ``accuracy``, ``entropy``, the counts, and
+    ``bits_per_byte`` with ``token_bytes``, ``kl`` and ``same_top`` after
+    updates given ``reference_logits``), ready for ``self.log_dict``.
+
+    ``update(preds, target, *, reference_logits=None)``: logits (..., V) or
+    a model output with ``.logits``, targets (...), the reference keyword-only.
+    """
 
     def compute(self) -> Dict[str, torch.Tensor]:
         return {k: self._value(v) for k, v in self._metrics().as_dict().items() if v is not None}
 
 
-class Perplexity(LanguageModelMetrics):
+class Perplexity(_EvaluatorMetric):
     """exp(mean NLL) over the counted targets, as ``torchmetrics.text.Perplexity``
     (preds (..., V) logits, target (...)), from one read of the logits and
     float64 sums; a float64 tensor, nan before any counted target."""
 
     higher_is_better = False
-    _full = False
+    _nll_only = True
 
     def __init__(self, ignore_index: Optional[int] = None, *, shift: bool = False,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
@@ -101,13 +111,13 @@ class Perplexity(LanguageModelMetrics):
         return self._value(self._metrics().perplexity)
 
 
-class BitsPerByte(LanguageModelMetrics):
+class BitsPerByte(_EvaluatorMetric):
     """Bits per byte with nanochat's semantics (:func:`lmmetrics.bits_per_byte`):
     ``token_bytes[v]`` is the UTF-8 length of token v, 0 for special tokens,
     which leave both sums; a float64 tensor, inf before any counted byte."""
 
     higher_is_better = False
-    _full = False
+    _nll_only = True
 
     def __init__(self, token_bytes: Any, ignore_index: Optional[int] = None, *, shift: bool = False,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
@@ -115,4 +125,4 @@ class BitsPerByte(LanguageModelMetrics):
                          num_threads=num_threads, **kwargs)
 
     def compute(self) -> torch.Tensor:
-        return self._value(self._metrics().bits_per_byte)
+        return self._value(self._synced().bits_per_byte())

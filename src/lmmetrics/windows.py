@@ -4,9 +4,13 @@ rolling log-likelihood, the transformers guide "Perplexity of fixed-length
 models", and the longest context for every token."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
+from ._engine import check_positive_int
 from .metrics import token_nll
+
+if TYPE_CHECKING:
+    import torch
 
 CONVENTIONS = ("lm-eval", "hf-guide", "max-context")
 
@@ -75,15 +79,9 @@ _WINDOWS = {"lm-eval": _lm_eval_windows, "hf-guide": _hf_guide_windows,
             "max-context": _max_context_windows}
 
 
-def _positive_int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return v
-
-
 def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = None,
                        convention: str = "lm-eval", prefix_token: Optional[int] = None,
-                       batch_size: int = 1, num_threads: Optional[int] = None):
+                       batch_size: int = 1, num_threads: Optional[int] = None) -> torch.Tensor:
     """Per-token NLL (nats) of a long ``input_ids`` scored by windows of at
     most ``max_length`` tokens.
 
@@ -150,9 +148,9 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         raise ValueError(f"input_ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}")
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-    _positive_int("max_length", max_length)
-    stride = max_length if stride is None else _positive_int("stride", stride)
-    _positive_int("batch_size", batch_size)
+    max_length = check_positive_int("max_length", max_length)
+    stride = max_length if stride is None else check_positive_int("stride", stride)
+    batch_size = check_positive_int("batch_size", batch_size)
     if max_length < 2 and convention != "lm-eval":
         raise ValueError("max_length must be at least 2 (a window scores tokens after its first)")
     if stride > max_length:
