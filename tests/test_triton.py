@@ -430,8 +430,8 @@ def group_bench_smoke():
 
 
 def group_compile_sm90():
-    """Compile the kernels for sm_90 (no GPU needed) at the chosen tile and
-    warps; no register spills, no local memory."""
+    """Compile the kernels for sm_90 and sm_80 (no GPU needed) at the chosen
+    tile and warps; no register spills, no local memory."""
     import shutil
     import tempfile
 
@@ -452,11 +452,11 @@ def group_compile_sm90():
         print("SKIP: no cuobjdump bundled with this triton")
         return
 
-    def usage(fn, sig, cons, warps):
+    def usage(fn, sig, cons, warps, arch=90):
         idx = {(fn.arg_names.index(k),): v for k, v in cons.items()}
         k = triton.compile(ASTSource(fn=fn, signature=dict(sig, **{c: "constexpr" for c in cons}),
                                      constexprs=idx),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                           target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         try:
@@ -482,11 +482,19 @@ def group_compile_sm90():
     merge_sig = {"st_ptr": "*fp32", "z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "out_ptr": "*fp64",
                  "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_tiles": "i32", "z_stride": "i64",
                  "r_stride": "i64", "cap": "fp32", "inv_cap": "fp32"}
-    reg, stack, local = usage(_triton._merge, merge_sig,
-                              dict(TILE=_triton.TILE, ROWS=_triton._MERGE_ROWS, TT=_triton._MERGE_TILES,
-                                   HAS_TGT=True, HAS_REF=True, WANT_ENT=True, CAPPED=True), 4)
-    print("merge", reg, stack, local)
-    assert stack == 0 and local == 0, (reg, stack, local)
+    for nt in (64, 512):  # V = 128256, 1M at the default tile
+        rows = max(1, min(16, _triton._MERGE_ELEMS // nt))
+        reg, stack, local = usage(_triton._merge, merge_sig,
+                                  dict(TILE=_triton.TILE, ROWS=rows, NT=nt, HAS_TGT=True, HAS_REF=True,
+                                       WANT_ENT=True, CAPPED=True), 4)
+        print("merge", nt, reg, stack, local)
+        assert stack == 0 and local == 0, (nt, reg, stack, local)
+    # and for sm_80 (A100), the largest variant of each kernel
+    sig = dict(tiles_sig, z_ptr="*bf16", r_ptr="*bf16")
+    assert usage(_triton._tiles, sig, dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=True, WANT_ENT=True,
+                                           CAPPED=True), _triton.NUM_WARPS, arch=80)[1:] == (0, 0)
+    assert usage(_triton._merge, merge_sig, dict(TILE=_triton.TILE, ROWS=16, NT=64, HAS_TGT=True, HAS_REF=True,
+                                                 WANT_ENT=True, CAPPED=True), 4, arch=80)[1:] == (0, 0)
     print("GROUP OK")
 
 

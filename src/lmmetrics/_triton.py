@@ -7,7 +7,7 @@ the tile's max m, the sums s = sum e, e = exp(z - m), and t = sum e (z - m)
 buffer, read in the same pass, its max, sum, first argmax and the KL cross
 term c = sum e_r ((r - rm) - (z - m)). A softcap c tanh(z / c) is applied on
 the fly. The second kernel (``_merge``) combines a row's tile states in
-tile order in float64 and writes the per-row values. A program of the
+float64, in a fixed order, and writes the per-row values. A program of the
 first kernel takes a run of consecutive tiles of one row, so few long rows
 still spread over many programs; the states, and so the results, depend
 only on the tile size, never on how many tiles a program takes, how many
@@ -38,9 +38,11 @@ from ._errors import Status, row_error
 # Elements of a row a tile holds: the results depend on it (and only on it).
 TILE = 2048
 NUM_WARPS = 8
-# Tiles the merge kernel loads at once per row, and rows per merge program.
-_MERGE_TILES = 64
-_MERGE_ROWS = 16
+# The merge kernel loads all tiles of ROWS rows at once: ROWS x NT
+# (NT = n_tiles to a power of 2) at most this many; rows whose vocabulary
+# needs more tiles than that (V > 8M at the default tile) keep the torch path.
+_MERGE_ELEMS = 1024
+_MAX_TILES = 4096
 # Bound on the tile states of the rows in flight, and half the CUDA chunk
 # setting at most (rows are launched in groups that fit; the outputs still
 # come back in one transfer).
@@ -161,9 +163,10 @@ def _capped64(v, cap, inv_cap, CAPPED: tl.constexpr):
 
 @triton.jit
 def _merge(st_ptr, z_ptr, r_ptr, tgt_ptr, out_ptr, n_rows, row0, n_total, n_tiles, z_stride, r_stride,
-           cap, inv_cap, TILE: tl.constexpr, ROWS: tl.constexpr, TT: tl.constexpr,
+           cap, inv_cap, TILE: tl.constexpr, ROWS: tl.constexpr, NT: tl.constexpr,
            HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, CAPPED: tl.constexpr):
-    """Per-row values from the tile states, tiles combined in order, in float64."""
+    """Per-row values from the tile states of ROWS rows, combined in float64
+    by a fixed reduction over the tiles (NT: n_tiles to a power of 2)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -175,52 +178,38 @@ def _merge(st_ptr, z_ptr, r_ptr, tgt_ptr, out_ptr, n_rows, row0, n_total, n_tile
         counted = rmask & (tgt >= 0)
     tgt = tl.where(counted, tgt, 0)
     ninf = float("-inf")
-    # the maxima, flags and first tiles holding the maxima
-    M = tl.full([ROWS], ninf, tl.float32)
-    RM = tl.full([ROWS], ninf, tl.float32)
-    flags = tl.zeros([ROWS], tl.int32)
-    for j0 in range(0, n_tiles, TT):
-        tj = j0 + tl.arange(0, TT)
-        msk = counted[:, None] & (tj < n_tiles)[None, :]
-        off = tj[None, :].to(tl.int64) * n_rows + rows64[:, None]
-        M = tl.maximum(M, tl.max(tl.load(st_ptr + off, mask=msk, other=ninf), 1))
-        fl = tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32)
-        flags = flags | _any_bits(fl, 1, 5)
-        if HAS_REF:
-            RM = tl.maximum(RM, tl.max(tl.load(st_ptr + 5 * plane + off, mask=msk, other=ninf), 1))
+    # all of a row's tiles at once (no loop: triton 3.7's thread-locality
+    # pass fails on reductions accumulated across loop iterations)
+    tj = tl.arange(0, NT)
+    msk = counted[:, None] & (tj < n_tiles)[None, :]
+    off = tj[None, :].to(tl.int64) * n_rows + rows64[:, None]
+    m = tl.load(st_ptr + off, mask=msk, other=ninf)
+    M = tl.max(m, 1)
+    flags = _any_bits(tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32), 1, 5)
     M64 = M.to(tl.float64)
-    RM64 = RM.to(tl.float64)
-    S = tl.zeros([ROWS], tl.float64)
+    s = tl.load(st_ptr + plane + off, mask=msk, other=0.0).to(tl.float64)
+    live = s > 0
+    dm = tl.where(live, m.to(tl.float64) - M64[:, None], 0.0)
+    ea = tl.where(live, tl.exp(dm), 0.0)
+    S = tl.sum(s * ea, 1)
+    kz = tl.min(tl.where(msk & (m == M[:, None]), tj, NT), 1)  # the first tile holding the max
     T = tl.zeros([ROWS], tl.float64)
-    RS = tl.zeros([ROWS], tl.float64)
-    C = tl.zeros([ROWS], tl.float64)
-    kz = tl.full([ROWS], 2147483647, tl.int32)
-    kr = tl.full([ROWS], 2147483647, tl.int32)
-    for j0 in range(0, n_tiles, TT):
-        tj = j0 + tl.arange(0, TT)
-        msk = counted[:, None] & (tj < n_tiles)[None, :]
-        off = tj[None, :].to(tl.int64) * n_rows + rows64[:, None]
-        m = tl.load(st_ptr + off, mask=msk, other=ninf)
-        s = tl.load(st_ptr + plane + off, mask=msk, other=0.0).to(tl.float64)
-        live = s > 0
-        dm = tl.where(live, m.to(tl.float64) - M64[:, None], 0.0)
-        ea = tl.where(live, tl.exp(dm), 0.0)
-        S += tl.sum(s * ea, 1)
-        kz = tl.minimum(kz, tl.min(tl.where(msk & (m == M[:, None]), tj, 2147483647), 1))
-        if WANT_ENT:
-            t = tl.load(st_ptr + 2 * plane + off, mask=msk, other=0.0).to(tl.float64)
-            T += tl.sum(tl.where(live, ea * (t + dm * s), 0.0), 1)
-        if HAS_REF:
-            rm = tl.load(st_ptr + 5 * plane + off, mask=msk, other=ninf)
-            rs = tl.load(st_ptr + 6 * plane + off, mask=msk, other=0.0).to(tl.float64)
-            c = tl.load(st_ptr + 7 * plane + off, mask=msk, other=0.0).to(tl.float64)
-            rlive = rs > 0
-            drm = tl.where(rlive, rm.to(tl.float64) - RM64[:, None], 0.0)
-            ar = tl.where(rlive, tl.exp(drm), 0.0)
-            RS += tl.sum(rs * ar, 1)
-            # the cross term moved to the common shifts (M, RM)
-            C += tl.sum(tl.where(rlive, ar * (c + (drm - dm) * rs), 0.0), 1)
-            kr = tl.minimum(kr, tl.min(tl.where(msk & (rm == RM[:, None]), tj, 2147483647), 1))
+    if WANT_ENT:
+        t = tl.load(st_ptr + 2 * plane + off, mask=msk, other=0.0).to(tl.float64)
+        T = tl.sum(tl.where(live, ea * (t + dm * s), 0.0), 1)
+    if HAS_REF:
+        rm = tl.load(st_ptr + 5 * plane + off, mask=msk, other=ninf)
+        RM = tl.max(rm, 1)
+        RM64 = RM.to(tl.float64)
+        rs = tl.load(st_ptr + 6 * plane + off, mask=msk, other=0.0).to(tl.float64)
+        c = tl.load(st_ptr + 7 * plane + off, mask=msk, other=0.0).to(tl.float64)
+        rlive = rs > 0
+        drm = tl.where(rlive, rm.to(tl.float64) - RM64[:, None], 0.0)
+        ar = tl.where(rlive, tl.exp(drm), 0.0)
+        RS = tl.sum(rs * ar, 1)
+        # the cross term moved to the common shifts (M, RM)
+        C = tl.sum(tl.where(rlive, ar * (c + (drm - dm) * rs), 0.0), 1)
+        kr = tl.min(tl.where(msk & (rm == RM[:, None]), tj, NT), 1)
     empty = (M == ninf) & ((flags & 2) == 0)
     flags = flags | tl.where(counted & empty, 32, 0)
     ls = tl.log(S)
@@ -282,7 +271,7 @@ class LaunchError(RuntimeError):
 def usable(lg, ref) -> bool:
     """Whether the Triton path takes these logits: 16- and 32-bit floats
     whose vocabulary axis is contiguous."""
-    if lg.dtype not in ("float32", "bfloat16", "float16"):
+    if lg.dtype not in ("float32", "bfloat16", "float16") or lg.n_cols > _MAX_TILES * _tile:
         return False
     return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in ([lg] if ref is None else [lg, ref]))
 
@@ -323,6 +312,7 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
     n = lg.n_rows
     V = lg.n_cols
     capf = float(cap) if cap else 1.0
+    nt = triton.next_power_of_2(n_tiles)
     pos = 0
     for zb, rb in _cuda._row_blocks(lg.keep, None if ref is None else ref.keep):
         nb = zb.shape[0]
@@ -339,9 +329,10 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
             _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
                          capf, 1.0 / capf, TILE=tile, HAS_TGT=has_tgt, HAS_REF=has_ref,
                          WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=NUM_WARPS)
-            _merge[((rows + _MERGE_ROWS - 1) // _MERGE_ROWS,)](
+            mrows = max(1, min(16, _MERGE_ELEMS // nt))
+            _merge[((rows + mrows - 1) // mrows,)](
                 st, z, r, tg, res, rows, pos + a, n, n_tiles, z.stride(0), r.stride(0),
-                capf, 1.0 / capf, TILE=tile, ROWS=_MERGE_ROWS, TT=_MERGE_TILES, HAS_TGT=has_tgt,
+                capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=has_tgt,
                 HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
         pos += nb
 
