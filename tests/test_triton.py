@@ -216,11 +216,14 @@ def group_special_values():
         zm[0, 1::7] = -math.inf
         got = _check(zm, t, r, label=f"{dtype} model masks")
         assert got.kl[0] == math.inf and np.isfinite(got.kl[1])
-        # ... or with the most negative float: KL huge but finite (exact path;
-        # the tile sums of float32 terms would overflow)
+        # ... or with the most negative float where the reference puts its
+        # mass: KL huge but finite (exact path; the tile sums of the float32
+        # terms would overflow)
         zm[0, 1::7] = torch.finfo(torch.float32).min
-        got = _check(zm, t, r, label=f"{dtype} model masks with finfo.min")
-        assert 1e36 < got.kl[0] < math.inf
+        rm = r.clone()
+        rm[0, 1::7] = 30.0
+        got = _check(zm, t, rm, label=f"{dtype} model masks with finfo.min")
+        assert 1e38 < got.kl[0] < math.inf
         # +inf in the reference only
         r2 = r.clone()
         r2[1, 2] = math.inf
@@ -373,6 +376,17 @@ def group_layouts_and_api():
     zt = torch.randn(700, 6, generator=g).t()
     _check(zt, t.reshape(-1)[:6], label="vocabulary stride")
     assert len(calls) == n
+    # an ignored row is not read: its programs run no tile (white box: its
+    # tile states stay as they were)
+    zi, _, ti = _random((4,), 600, torch.float32, seed=2)
+    ti[:] = torch.tensor([5, -100, 599, -5])
+    states = torch.full((_triton._NFIELDS, 3, 4), math.nan)
+    res = torch.zeros(7, 4, dtype=torch.float64)
+    with np.errstate(all="ignore"):
+        _triton._launch(_cuda.describe(zi), None, torch.where(ti >= 0, ti, -1), res, states, 4, 3, 256,
+                        True, False, True, True, 0.0)
+    assert states[:, :, [1, 3]].isnan().all() and not states[:5, :, [0, 2]].isnan().any()
+    np.testing.assert_allclose(res[1].numpy(), ref_nll(zi.double().numpy(), ti.numpy()), atol=TOL, rtol=TOL)
     # the public functions
     nll = lmmetrics.token_nll(z, t)
     assert isinstance(nll, torch.Tensor) and nll.shape == t.shape
@@ -452,10 +466,15 @@ def group_compile_sm90():
         print("SKIP: no cuobjdump bundled with this triton")
         return
 
-    def usage(fn, sig, cons, warps, arch=90):
+    def usage(fn, sig, cons, warps, arch=90, aligned=()):
+        """(registers, stack, local memory, PTX) of fn compiled for sm_<arch>;
+        aligned: the arguments marked divisible by 16, as the launcher
+        marks them when they are (pointers from torch, a vocabulary of a
+        multiple of 16)."""
         idx = {(fn.arg_names.index(k),): v for k, v in cons.items()}
+        attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned}
         k = triton.compile(ASTSource(fn=fn, signature=dict(sig, **{c: "constexpr" for c in cons}),
-                                     constexprs=idx),
+                                     constexprs=idx, attrs=attrs),
                            target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
@@ -466,25 +485,32 @@ def group_compile_sm90():
             os.unlink(f.name)
         line = [ln for ln in rep.splitlines() if "REG:" in ln][0]
         fields = dict(kv.split(":") for kv in line.split() if ":" in kv)
-        return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"])
+        return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), k.asm["ptx"]
 
     tiles_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "n_rows": "i32",
                  "n_cols": "i32", "z_stride": "i64", "r_stride": "i64", "n_tiles": "i32", "per_prog": "i32",
                  "cap": "fp32", "inv_cap": "fp32"}
+    aligned = ("z_ptr", "r_ptr", "tgt_ptr", "st_ptr", "n_cols", "z_stride", "r_stride")
     for dt in ("*fp32", "*bf16", "*fp16"):
         for ref, capped in ((False, False), (True, True)):
             sig = dict(tiles_sig, z_ptr=dt, r_ptr=dt)
-            reg, stack, local = usage(_triton._tiles, sig, dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=ref,
-                                                               WANT_ENT=True, CAPPED=capped),
-                                      _triton.NUM_WARPS)
-            print("tiles", dt, ref, capped, reg, stack, local)
+            reg, stack, local, ptx = usage(_triton._tiles, sig,
+                                           dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=ref, WANT_ENT=True,
+                                                WANT_AMAX=True, CAPPED=capped),
+                                           _triton.NUM_WARPS, aligned=aligned)
+            loads = {w: ptx.count(w) for w in ("ld.global.v4", "ld.global.b16", "ld.global.b32")}
+            print("tiles", dt, ref, capped, reg, stack, local, loads)
             assert stack == 0 and local == 0 and reg <= 255, (dt, ref, capped, reg, stack, local)
+            # the logits are read with 16-byte vector loads
+            per_thread = _triton.TILE // (32 * _triton.NUM_WARPS) * int(dt[-2:]) // 8 // 16
+            assert loads["ld.global.v4"] == per_thread * (2 if ref else 1), loads
+            assert loads["ld.global.b16"] == 0, loads
     merge_sig = {"st_ptr": "*fp32", "z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "out_ptr": "*fp64",
                  "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_tiles": "i32", "z_stride": "i64",
                  "r_stride": "i64", "cap": "fp32", "inv_cap": "fp32"}
     for nt in (64, 512):  # V = 128256, 1M at the default tile
         rows = max(1, min(16, _triton._MERGE_ELEMS // nt))
-        reg, stack, local = usage(_triton._merge, merge_sig,
+        reg, stack, local, _ = usage(_triton._merge, merge_sig,
                                   dict(TILE=_triton.TILE, ROWS=rows, NT=nt, HAS_TGT=True, HAS_REF=True,
                                        WANT_ENT=True, CAPPED=True), 4)
         print("merge", nt, reg, stack, local)
@@ -492,9 +518,9 @@ def group_compile_sm90():
     # and for sm_80 (A100), the largest variant of each kernel
     sig = dict(tiles_sig, z_ptr="*bf16", r_ptr="*bf16")
     assert usage(_triton._tiles, sig, dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=True, WANT_ENT=True,
-                                           CAPPED=True), _triton.NUM_WARPS, arch=80)[1:] == (0, 0)
+                                           WANT_AMAX=True, CAPPED=True), _triton.NUM_WARPS, arch=80)[1:3] == (0, 0)
     assert usage(_triton._merge, merge_sig, dict(TILE=_triton.TILE, ROWS=16, NT=64, HAS_TGT=True, HAS_REF=True,
-                                                 WANT_ENT=True, CAPPED=True), 4, arch=80)[1:] == (0, 0)
+                                                 WANT_ENT=True, CAPPED=True), 4, arch=80)[1:3] == (0, 0)
     print("GROUP OK")
 
 

@@ -87,9 +87,10 @@ def _any_bits(fl, axis, NBITS: tl.constexpr):
 
 
 @triton.jit
-def _side(x, mask, offs, cap, inv_cap, CAPPED: tl.constexpr, WANT_ENT: tl.constexpr):
-    """One side of a tile: (values with NaN as -inf, max, shift, e, s, t,
-    first argmax, flags NaN | +inf << 1)."""
+def _side(x, mask, offs, cap, inv_cap, CAPPED: tl.constexpr, WANT_T: tl.constexpr, WANT_AM: tl.constexpr):
+    """One side of a tile: values with NaN as -inf, max, shift, e, s, t,
+    first argmax, and the lanes holding NaN and +inf (t and the argmax are 0
+    when not wanted)."""
     x = x.to(tl.float32)
     if CAPPED:
         x = tl.where(mask, cap * _tanh(x * inv_cap), float("-inf"))
@@ -100,36 +101,39 @@ def _side(x, mask, offs, cap, inv_cap, CAPPED: tl.constexpr, WANT_ENT: tl.conste
     xc = tl.maximum(xx, ms - 128.0)  # e underflows to 0 below; keeps e (x - ms) finite
     e = tl.exp(xc - ms)
     s = tl.sum(e, 0)
-    if WANT_ENT:
+    t = 0.0
+    if WANT_T:
         t = tl.sum(e * (xc - ms), 0)
+    am = 0
+    if WANT_AM:
         am = tl.min(tl.where(xx == m, offs, 2147483647), 0)
-    else:
-        t = 0.0
-        am = 0
-    flags = tl.max(nan.to(tl.int32), 0) | (tl.max((xx == float("inf")).to(tl.int32), 0) << 1)
-    return xx, m, ms, e, s, t, am, flags
+    return xx, m, ms, e, s, t, am, nan, xx == float("inf")
 
 
 @triton.jit
 def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_tiles, per_prog,
            cap, inv_cap, TILE: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr,
-           WANT_ENT: tl.constexpr, CAPPED: tl.constexpr):
+           WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr):
+    """The states of tiles [first, first + per_prog) of a row (see the
+    module's docstring); program (row, j) starts at tile j * per_prog."""
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * per_prog
     offs = tl.arange(0, TILE)
     plane = n_tiles * n_rows  # fields of the states (bounded: int32)
-    lim = n_cols
-    if HAS_TGT:  # an ignored row is not read
-        lim = tl.where(tl.load(tgt_ptr + row) >= 0, n_cols, 0)
+    n_run = per_prog
+    if HAS_TGT:  # an ignored row is not read (its states are not either)
+        n_run = tl.where(tl.load(tgt_ptr + row) >= 0, per_prog, 0)
     zrow = z_ptr + row * z_stride
     rrow = r_ptr + row * r_stride
-    for k in range(0, per_prog):
+    for k in range(0, n_run):
         tile = first + k
         if tile < n_tiles:
             cols = tile * TILE + offs
-            mask = cols < lim
+            mask = cols < n_cols  # (n_cols, not a value chosen at run time: vector loads)
             z = tl.load(zrow + cols, mask=mask, other=float("-inf"))
-            zz, m, ms, e, s, t, am, flags = _side(z, mask, offs, cap, inv_cap, CAPPED, WANT_ENT)
+            zz, m, ms, e, s, t, am, nan, inf = _side(z, mask, offs, cap, inv_cap, CAPPED, WANT_ENT, WANT_AMAX)
+            # the flags' lane counts, 12 bits each (TILE < 4096), in one sum
+            code = nan.to(tl.int64) + (inf.to(tl.int64) << 12)
             at = st_ptr + tile.to(tl.int64) * n_rows + row
             tl.store(at, m)
             tl.store(at + plane, s)
@@ -137,27 +141,34 @@ def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_
             tl.store(at + 3 * plane, am.to(tl.float32))
             if HAS_REF:
                 r = tl.load(rrow + cols, mask=mask, other=float("-inf"))
-                rr, rm, rms, er, rs, rt, ram, rflags = _side(r, mask, offs, cap, inv_cap, CAPPED, True)
+                rr, rm, rms, er, rs, rt, ram, rnan, rinf = _side(r, mask, offs, cap, inv_cap, CAPPED, False,
+                                                                 WANT_AMAX)
                 # c = sum e_r d, d = (r - rm) - (z - m) unclamped; lanes with
                 # e_r = 0 add nothing, and a d beyond float sums (the model
                 # masks where the reference does not) sends the row to the
                 # exact path
                 d = (rr - rms) - (zz - ms)
                 c = tl.sum(tl.where(er > 0, er * d, 0.0), 0)
-                big = tl.max(((rr > float("-inf")) & (d > 1e20)).to(tl.int32), 0)
-                flags = flags | (rflags << 2) | (big << 4)
+                big = (rr > float("-inf")) & (d > 1e20)
+                code += (rnan.to(tl.int64) << 24) + (rinf.to(tl.int64) << 36) + (big.to(tl.int64) << 48)
                 tl.store(at + 5 * plane, rm)
                 tl.store(at + 6 * plane, rs)
                 tl.store(at + 7 * plane, c)
                 tl.store(at + 8 * plane, ram.to(tl.float32))
+            n = tl.sum(code, 0)
+            flags = ((n & 4095) > 0).to(tl.int32)
+            for b in tl.static_range(1, 5):
+                flags = flags | ((((n >> (12 * b)) & 4095) > 0).to(tl.int32) << b)
             tl.store(at + 4 * plane, flags.to(tl.float32))
 
 
 @triton.jit
-def _capped64(v, cap, inv_cap, CAPPED: tl.constexpr):
+def _capped64(v, cap, CAPPED: tl.constexpr):
+    """A target's logit, capped in float64 (divided by the cap, which is
+    exact in float32 for the usual caps, rather than times 1 / c)."""
     v = v.to(tl.float64)
     if CAPPED:
-        v = cap * _tanh(v * inv_cap)
+        v = cap * _tanh(v / cap)
     return v
 
 
@@ -219,7 +230,7 @@ def _merge(st_ptr, z_ptr, r_ptr, tgt_ptr, out_ptr, n_rows, row0, n_total, n_tile
     nll = tl.zeros([ROWS], tl.float64)
     if HAS_TGT:
         zt = tl.load(z_ptr + rows64 * z_stride + tgt, mask=counted, other=0.0)
-        nll = (M64 - _capped64(zt, cap, inv_cap, CAPPED)) + ls
+        nll = (M64 - _capped64(zt, cap, CAPPED)) + ls
     ent = ls - T / S
     base = out_ptr + row0 + rows64
     tl.store(base + _O_NLL * n_total, tl.where(counted, tl.maximum(nll, 0.0), 0.0), mask=rmask)
@@ -236,7 +247,7 @@ def _merge(st_ptr, z_ptr, r_ptr, tgt_ptr, out_ptr, n_rows, row0, n_total, n_tile
         rnll = tl.zeros([ROWS], tl.float64)
         if HAS_TGT:
             rt = tl.load(r_ptr + rows64 * r_stride + tgt, mask=counted, other=0.0)
-            rnll = (RM64 - _capped64(rt, cap, inv_cap, CAPPED)) + rls
+            rnll = (RM64 - _capped64(rt, cap, CAPPED)) + rls
         tl.store(base + _O_KL * n_total, tl.where(counted, tl.maximum(kl, 0.0), 0.0), mask=rmask)
         tl.store(base + _O_RAMAX * n_total, tl.where(counted, ramax, -1.0), mask=rmask)
         tl.store(base + _O_RNLL * n_total, tl.where(counted, tl.maximum(rnll, 0.0), 0.0), mask=rmask)
@@ -291,21 +302,22 @@ def compute(lg, ref, out, ignore_index: int, cap: float) -> None:
     tgt_all = None
     if has_tgt:
         tgt_all = torch.from_numpy(np.where(out.counted, out.targets, -1)).to(dev)
-    want_ent = out.entropy is not None or out.argmax is not None
+    want_ent = out.entropy is not None
+    want_amax = out.argmax is not None
     has_ref = ref is not None
     res = torch.empty((7, n), dtype=torch.float64, device=dev)
     group = max(1, min(_STATE_BYTES, _cuda._chunk_bytes // 2) // (n_tiles * _NFIELDS * 4))
     states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
     try:
         with np.errstate(all="ignore"):  # the interpreter's numpy sees -inf - -inf in masked lanes
-            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, cap)
+            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
     host = res.cpu().numpy()  # the one synchronisation
     _finish(host, lg, ref, out, cap, tgt_all)
 
 
-def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, cap):
+def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap):
     from . import _cuda
 
     dev = lg.keep.device
@@ -328,7 +340,7 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
             grid = (rows, (n_tiles + per - 1) // per)
             _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
                          capf, 1.0 / capf, TILE=tile, HAS_TGT=has_tgt, HAS_REF=has_ref,
-                         WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=NUM_WARPS)
+                         WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
             mrows = max(1, min(16, _MERGE_ELEMS // nt))
             _merge[((rows + mrows - 1) // mrows,)](
                 st, z, r, tg, res, rows, pos + a, n, n_tiles, z.stride(0), r.stride(0),
