@@ -341,13 +341,20 @@ def group_split_rows():
         _triton._per_prog = None
     for k in KEYS:
         np.testing.assert_array_equal(getattr(got1, k), getattr(got2, k))
+    # the default tile (2048), on a Llama-3-sized vocabulary
+    _triton._tile = _triton.TILE
+    zd, rd, td = _random((2,), 128256, torch.bfloat16, seed=13)
+    td[:] = torch.tensor([5, 128255])
+    got = _check(zd, td, rd, softcap=30.0, label="default tile")
+    assert got.n_counted == 2
+    _triton._tile = 512
     # the summed NLL: float64 sums of the per-row values, 1e-8 relative
     tc = t.clone()
     tc[:] = torch.arange(8) * 300
     s = lmmetrics.cross_entropy(z, tc, reduction="sum")
     s64 = ref_nll(z.double().numpy(), tc.numpy()).sum()
     assert abs(s - s64) <= 1e-8 * s64, (s, s64)
-    assert len(calls) == 4 + 2 * 2 + 3
+    assert len(calls) == 4 + 2 * 2 + 3 + 1
     print("GROUP OK")
 
 

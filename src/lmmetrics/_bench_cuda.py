@@ -37,15 +37,21 @@ def _read_kernel():
     return read_max
 
 
-def read_pass(x, out=None, block: int = 4096, iters: int = 8):
+def read_pass(x, out=None, block: int = 4096, iters: Optional[int] = None):
     """A read-only pass over x (contiguous): per-program maxima (the
-    speed limit a one-read kernel can reach on this device)."""
+    speed limit a one-read kernel can reach on this device). Each program
+    reads iters blocks; by default as many as leave a few thousand programs
+    (and one block for small buffers, which then still fill the device)."""
     import torch
 
     global _read
     if _read is None:
         _read = _read_kernel()
     n = x.numel()
+    if iters is None:
+        iters = 1
+        while iters < 8 and n // (block * iters * 2) >= 4096:
+            iters *= 2
     progs = (n + block * iters - 1) // (block * iters)
     if out is None or out.numel() < progs:
         out = torch.empty(progs, dtype=torch.float32, device=x.device)

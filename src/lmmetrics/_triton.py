@@ -24,6 +24,7 @@ torch path.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from types import SimpleNamespace
 from typing import Optional
@@ -309,7 +310,10 @@ def compute(lg, ref, out, ignore_index: int, cap: float) -> None:
     group = max(1, min(_STATE_BYTES, _cuda._chunk_bytes // 2) // (n_tiles * _NFIELDS * 4))
     states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
     try:
-        with np.errstate(all="ignore"):  # the interpreter's numpy sees -inf - -inf in masked lanes
+        # on the tensors' device (the launch goes to the current one), and
+        # the interpreter's numpy sees -inf - -inf in masked lanes
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext(), \
+                np.errstate(all="ignore"):
             _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
