@@ -341,12 +341,12 @@ def group_split_rows():
         _triton._per_prog = None
     for k in KEYS:
         np.testing.assert_array_equal(getattr(got1, k), getattr(got2, k))
-    # the default tile (2048), on a Llama-3-sized vocabulary
+    # the default tile (2048), on a Llama-3-sized vocabulary (63 programs)
     _triton._tile = _triton.TILE
-    zd, rd, td = _random((2,), 128256, torch.bfloat16, seed=13)
-    td[:] = torch.tensor([5, 128255])
+    zd, rd, td = _random((1,), 128256, torch.bfloat16, seed=13)
+    td[:] = 128255
     got = _check(zd, td, rd, softcap=30.0, label="default tile")
-    assert got.n_counted == 2
+    assert got.n_counted == 1
     _triton._tile = 512
     # the summed NLL: float64 sums of the per-row values, 1e-8 relative
     tc = t.clone()
@@ -522,6 +522,19 @@ def group_compile_sm90():
                                        WANT_ENT=True, CAPPED=True), 4)
         print("merge", nt, reg, stack, local)
         assert stack == 0 and local == 0, (nt, reg, stack, local)
+    # the other variants: no targets (entropy, KL only), and arguments the
+    # launcher specializes to constants (1 row, 1 tile, 1 tile a program)
+    for cons in (dict(HAS_TGT=False, HAS_REF=True, WANT_ENT=False, WANT_AMAX=False, CAPPED=False),
+                 dict(HAS_TGT=False, HAS_REF=False, WANT_ENT=True, WANT_AMAX=True, CAPPED=True),
+                 dict(HAS_TGT=True, HAS_REF=True, WANT_ENT=True, WANT_AMAX=True, CAPPED=True,
+                      n_rows=1, n_tiles=1, per_prog=1)):
+        sig = {k: v for k, v in tiles_sig.items() if k not in cons}
+        assert usage(_triton._tiles, sig, dict(TILE=_triton.TILE, **cons), _triton.NUM_WARPS)[1:3] == (0, 0)
+        mcons = dict(TILE=_triton.TILE, ROWS=16, NT=1 if "n_tiles" in cons else 64,
+                     **{k: v for k, v in cons.items() if k in ("HAS_TGT", "HAS_REF", "WANT_ENT", "CAPPED",
+                                                              "n_rows", "n_tiles")})
+        msig = {k: v for k, v in merge_sig.items() if k not in mcons}
+        assert usage(_triton._merge, msig, mcons, 4)[1:3] == (0, 0)
     # and for sm_80 (A100), the largest variant of each kernel
     sig = dict(tiles_sig, z_ptr="*bf16", r_ptr="*bf16")
     assert usage(_triton._tiles, sig, dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=True, WANT_ENT=True,
@@ -541,3 +554,76 @@ def test_interpreted(group):
 
 def test_compiles_for_sm90_without_spills():
     _in_subprocess("group_compile_sm90", interpret=False)
+
+
+# ------------------------------------------------- on a GPU, when present
+
+def _cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="CUDA absent")
+def test_gpu_kernel_against_the_torch_path_and_the_core(monkeypatch):
+    """Compiled kernels on CUDA tensors: the native core's values, the torch
+    path's, and bitwise the same results for any number of tiles a program."""
+    from lmmetrics import _engine, _triton
+
+    calls = []
+    launch = _triton.compute
+    monkeypatch.setattr(_triton, "compute", lambda *a: calls.append(1) or launch(*a))
+    for dtype in _dtypes():
+        z, r, t = _random((48,), 32000, dtype, seed=21)
+        z[3, 5] = math.inf
+        z[7, :z.shape[-1] // 4] = -math.inf      # leading all -inf tiles
+        z[9, ::3] = -math.inf
+        r[11, ::7] = -math.inf
+        t[4] = -100
+        z[4, 0] = math.nan                        # ignored
+        zc, rc, tc = z.cuda(), r.cuda(), t.cuda()
+        for cap in (None, 30.0):
+            kw = dict(softcap=cap, nll=True, entropy=True, argmax=True, kl=True, ref_nll=True)
+            got = _engine.run(zc, tc, rc, **kw)
+            core = _engine.run(_np(z), _np(t), _np(r), **kw)
+            monkeypatch.setenv("LMMETRICS_TRITON", "0")
+            torch_path = _engine.run(zc, tc, rc, **kw)
+            monkeypatch.delenv("LMMETRICS_TRITON")
+            for k in KEYS:
+                a, b, c = getattr(got, k), getattr(core, k), getattr(torch_path, k)
+                if "argmax" in k:
+                    np.testing.assert_array_equal(a, b, err_msg=k)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL, err_msg=k)
+                    np.testing.assert_allclose(a, c, rtol=TOL, atol=TOL, err_msg=k)
+        for per in (1, 3, 16):
+            monkeypatch.setattr(_triton, "_per_prog", per)
+            again = _engine.run(zc, tc, rc, **kw)
+            for k in KEYS:
+                np.testing.assert_array_equal(getattr(again, k), getattr(got, k), err_msg=f"{k} {per}")
+        monkeypatch.setattr(_triton, "_per_prog", None)
+        z[5, 6] = math.nan
+        with pytest.raises(ValueError, match=r"NaN in logits at row 5"):
+            lmmetrics.cross_entropy(z.cuda(), tc)
+    assert len(calls) == 3 * (2 + 3 + 1)
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="CUDA absent")
+def test_gpu_rows_past_2_31_elements():
+    """int64 offsets: rows whose elements lie beyond 2^31 (4.3 GB of bfloat16)."""
+    import torch
+
+    V = 128256
+    N = 2**31 // V + 8
+    if torch.cuda.get_device_properties(0).total_memory < 3 * N * V * 2:
+        pytest.skip("not enough GPU memory")
+    z = torch.empty(N, V, dtype=torch.bfloat16, device="cuda")
+    for i in range(0, N, 1024):
+        z[i:i + 1024].normal_(0.0, 3.0)
+    t = torch.randint(0, V, (N,), device="cuda")
+    nll = lmmetrics.token_nll(z, t)
+    tail = z[-16:].cpu()
+    np.testing.assert_allclose(nll[-16:].cpu().numpy(), ref_nll(tail.double().numpy(), t[-16:].cpu().numpy()),
+                               rtol=TOL, atol=TOL)
+    assert lmmetrics.token_entropy(z)[-1].item() == pytest.approx(ref_entropy(tail[-1:].double().numpy())[0],
+                                                                   abs=TOL)

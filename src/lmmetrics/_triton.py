@@ -11,8 +11,9 @@ float64, in a fixed order, and writes the per-row values. A program of the
 first kernel takes a run of consecutive tiles of one row, so few long rows
 still spread over many programs; the states, and so the results, depend
 only on the tile size, never on how many tiles a program takes, how many
-rows a launch holds, or the device. Extra memory: 36 bytes a tile of the
-rows in flight (bounded) and 56 bytes a row; no N x V temporary.
+rows a launch holds, or how many multiprocessors the device has. Extra memory: 36 bytes a tile of the
+rows in flight (bounded) and 64 bytes a row with the targets; no N x V
+temporary.
 
 Ignored rows (target negative or ``ignore_index``) are not read. Rows that
 hold +inf, or whose KL cross term is beyond float range (the model masks
