@@ -354,7 +354,12 @@ def group_split_rows():
     s = lmmetrics.cross_entropy(z, tc, reduction="sum")
     s64 = ref_nll(z.double().numpy(), tc.numpy()).sum()
     assert abs(s - s64) <= 1e-8 * s64, (s, s64)
-    assert len(calls) == 4 + 2 * 2 + 3 + 1
+    # ... under a softcap too (1 / c rounded to float would bias every
+    # capped logit the same way: 5e-8 relative here)
+    s = lmmetrics.cross_entropy(z * 3, tc, reduction="sum", softcap=30.0)
+    s64 = ref_nll(_capped((z * 3).double().numpy(), 30.0), tc.numpy()).sum()
+    assert abs(s - s64) <= 1e-8 * s64, (s, s64, abs(s - s64) / s64)
+    assert len(calls) == 4 + 2 * 2 + 3 + 1 + 1
     print("GROUP OK")
 
 
@@ -496,7 +501,7 @@ def group_compile_sm90():
 
     tiles_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "n_rows": "i32",
                  "n_cols": "i32", "z_stride": "i64", "r_stride": "i64", "n_tiles": "i32", "per_prog": "i32",
-                 "cap": "fp32", "inv_cap": "fp32"}
+                 "cap": "fp32", "inv_cap": "fp32", "inv_lo": "fp32"}
     aligned = ("z_ptr", "r_ptr", "tgt_ptr", "st_ptr", "n_cols", "z_stride", "r_stride")
     for dt in ("*fp32", "*bf16", "*fp16"):
         for ref, capped in ((False, False), (True, True)):

@@ -89,13 +89,19 @@ def _any_bits(fl, axis, NBITS: tl.constexpr):
 
 
 @triton.jit
-def _side(x, mask, offs, cap, inv_cap, CAPPED: tl.constexpr, WANT_T: tl.constexpr, WANT_AM: tl.constexpr):
+def _side(x, mask, offs, cap, inv_cap, inv_lo, CAPPED: tl.constexpr, WANT_T: tl.constexpr,
+          WANT_AM: tl.constexpr):
     """One side of a tile: values with NaN as -inf, max, shift, e, s, t,
     first argmax, and the lanes holding NaN and +inf (t and the argmax are 0
     when not wanted)."""
     x = x.to(tl.float32)
     if CAPPED:
-        x = tl.where(mask, cap * _tanh(x * inv_cap), float("-inf"))
+        # x / c as x (hi + lo), hi + lo = 1 / c to twice float precision: x
+        # times a rounded 1 / c would bias every capped logit one way (where
+        # tanh is +-1 anyway, +-inf and huge x, the plain product)
+        u = x * inv_cap
+        u = tl.where(tl.abs(u) < 1e30, tl.fma(x, inv_cap, x * inv_lo), u)
+        x = tl.where(mask, cap * _tanh(u), float("-inf"))
     nan = x != x
     xx = tl.where(nan, float("-inf"), x)
     m = tl.max(xx, 0)
@@ -114,7 +120,7 @@ def _side(x, mask, offs, cap, inv_cap, CAPPED: tl.constexpr, WANT_T: tl.constexp
 
 @triton.jit
 def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_tiles, per_prog,
-           cap, inv_cap, TILE: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr,
+           cap, inv_cap, inv_lo, TILE: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr,
            WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr):
     """The states of tiles [first, first + per_prog) of a row (see the
     module's docstring); program (row, j) starts at tile j * per_prog."""
@@ -133,7 +139,7 @@ def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_
             cols = tile * TILE + offs
             mask = cols < n_cols  # (n_cols, not a value chosen at run time: vector loads)
             z = tl.load(zrow + cols, mask=mask, other=float("-inf"))
-            zz, m, ms, e, s, t, am, nan, inf = _side(z, mask, offs, cap, inv_cap, CAPPED, WANT_ENT, WANT_AMAX)
+            zz, m, ms, e, s, t, am, nan, inf = _side(z, mask, offs, cap, inv_cap, inv_lo, CAPPED, WANT_ENT, WANT_AMAX)
             # the flags' lane counts, 12 bits each (TILE < 4096), in one sum
             code = nan.to(tl.int64) + (inf.to(tl.int64) << 12)
             at = st_ptr + tile.to(tl.int64) * n_rows + row
@@ -143,7 +149,7 @@ def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_
             tl.store(at + 3 * plane, am.to(tl.float32))
             if HAS_REF:
                 r = tl.load(rrow + cols, mask=mask, other=float("-inf"))
-                rr, rm, rms, er, rs, rt, ram, rnan, rinf = _side(r, mask, offs, cap, inv_cap, CAPPED, False,
+                rr, rm, rms, er, rs, rt, ram, rnan, rinf = _side(r, mask, offs, cap, inv_cap, inv_lo, CAPPED, False,
                                                                  WANT_AMAX)
                 # c = sum e_r d, d = (r - rm) - (z - m) unclamped; lanes with
                 # e_r = 0 add nothing, and a d beyond float sums (the model
@@ -329,6 +335,8 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
     n = lg.n_rows
     V = lg.n_cols
     capf = float(cap) if cap else 1.0
+    inv_hi = float(np.float32(1.0 / capf))
+    inv_lo = float(np.float32(1.0 / capf - inv_hi))
     nt = triton.next_power_of_2(n_tiles)
     pos = 0
     for zb, rb in _cuda._row_blocks(lg.keep, None if ref is None else ref.keep):
@@ -344,7 +352,7 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
             per = _programs_per_row(rows, n_tiles, dev)
             grid = (rows, (n_tiles + per - 1) // per)
             _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
-                         capf, 1.0 / capf, TILE=tile, HAS_TGT=has_tgt, HAS_REF=has_ref,
+                         capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=has_tgt, HAS_REF=has_ref,
                          WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
             mrows = max(1, min(16, _MERGE_ELEMS // nt))
             _merge[((rows + mrows - 1) // mrows,)](
