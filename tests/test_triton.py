@@ -477,6 +477,20 @@ def group_compile_sm90():
     if not cuobjdump:
         print("SKIP: no cuobjdump bundled with this triton")
         return
+    # does this triton compile without a GPU, through this API? (a trivial
+    # kernel: a failure there skips; a failure on lmmetrics' kernels fails)
+    import triton.language as tl
+
+    @triton.jit
+    def probe(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK).to(tl.float32))
+
+    try:
+        triton.compile(ASTSource(fn=probe, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    except Exception as e:
+        print(f"SKIP: this triton does not compile for sm_90 here through ASTSource ({e!r})")
+        return
 
     def usage(fn, sig, cons, warps, arch=90, aligned=()):
         """(registers, stack, local memory, PTX) of fn compiled for sm_<arch>;
