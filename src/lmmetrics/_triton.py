@@ -279,7 +279,9 @@ def _programs_per_row(n_rows: int, n_tiles: int, device) -> int:
 
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = 32 * sms  # programs: several waves, for an even finish
-    return max(1, min(n_tiles, (n_rows * n_tiles) // want))
+    per = max(1, min(n_tiles, (n_rows * n_tiles) // want))
+    progs = -(-n_tiles // per)
+    return -(-n_tiles // progs)  # the same number of tiles in each (63 tiles: 21, 21, 21, not 30, 30, 3)
 
 
 class LaunchError(RuntimeError):
