@@ -14,6 +14,8 @@ the probability mass equally.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -96,8 +98,45 @@ def _side(x, cap: float):
     return z, lse, nan, lse == -math.inf
 
 
+# The Triton path (lmmetrics._triton): taken for CUDA tensors when triton
+# imports (LMMETRICS_TRITON=0 turns it off); tests set _force_triton to
+# route CPU tensors through it under TRITON_INTERPRET=1.
+_force_triton = False
+_triton_failed = False
+
+
+def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]):
+    """The Triton module when it takes these logits, else None."""
+    if _triton_failed or os.environ.get("LMMETRICS_TRITON", "1") == "0":
+        return None
+    if not (_force_triton or lg.keep.device.type == "cuda"):
+        return None
+    try:
+        from . import _triton
+    except Exception:  # triton absent or unusable here: the torch path
+        return None
+    return _triton if _triton.usable(lg, ref) else None
+
+
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, cap: float) -> None:
-    """Fill out's per-row arrays (numpy, on the host) from the CUDA tensors."""
+    """Fill out's per-row arrays (numpy, on the host) from the CUDA tensors:
+    the Triton kernel where it applies, else torch."""
+    global _triton_failed
+    tri = _triton_for(lg, ref)
+    if tri is not None:
+        try:
+            tri.compute(lg, ref, out, ignore_index, cap)
+            return
+        except tri.LaunchError as e:  # e.g. a GPU the installed triton cannot compile for
+            if _force_triton:
+                raise
+            _triton_failed = True
+            warnings.warn(f"lmmetrics: the Triton kernel failed ({e.__cause__!r}); "
+                          f"using the torch path from now on", RuntimeWarning, stacklevel=3)
+    _compute_torch(lg, ref, out, ignore_index, cap)
+
+
+def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, cap: float) -> None:
     import torch
 
     dev = lg.keep.device

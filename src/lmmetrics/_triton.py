@@ -1,0 +1,434 @@
+"""CUDA tensors through Triton: every per-row value in one read of the logits.
+
+The vocabulary axis is cut into tiles of ``TILE`` elements. The first
+kernel (``_tiles``) reduces each (row, tile) to a small state, in float32:
+the tile's max m, the sums s = sum e, e = exp(z - m), and t = sum e (z - m)
+(entropy), the first index of the max, flags (NaN, +inf); with a reference
+buffer, read in the same pass, its max, sum, first argmax and the KL cross
+term c = sum e_r ((r - rm) - (z - m)). A softcap c tanh(z / c) is applied on
+the fly. The second kernel (``_merge``) combines a row's tile states in
+float64, in a fixed order, and writes the per-row values. A program of the
+first kernel takes a run of consecutive tiles of one row, so few long rows
+still spread over many programs; the states, and so the results, depend
+only on the tile size, never on how many tiles a program takes, how many
+rows a launch holds, or how many multiprocessors the device has. Extra memory: 36 bytes a tile of the
+rows in flight (bounded) and 64 bytes a row with the targets; no N x V
+temporary.
+
+Ignored rows (target negative or ``ignore_index``) are not read. Rows that
+hold +inf, or whose KL cross term is beyond float range (the model masks
+where the reference does not), are done again by the exact torch path of
+:mod:`lmmetrics._cuda`; NaN and all -inf rows among the counted ones raise
+the native core's errors, naming the first bad row. The per-row values come
+to the host once per call (one synchronisation). float64 logits keep the
+torch path.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from types import SimpleNamespace
+from typing import Optional
+
+import numpy as np
+
+import triton
+import triton.language as tl
+
+from ._errors import Status, row_error
+
+# Elements of a row a tile holds: the results depend on it (and only on it).
+TILE = 2048
+NUM_WARPS = 8
+# The merge kernel loads all tiles of ROWS rows at once: ROWS x NT
+# (NT = n_tiles to a power of 2) at most this many; rows whose vocabulary
+# needs more tiles than that (V > 8M at the default tile) keep the torch path.
+_MERGE_ELEMS = 1024
+_MAX_TILES = 4096
+# Bound on the tile states of the rows in flight, and half the CUDA chunk
+# setting at most (rows are launched in groups that fit; the outputs still
+# come back in one transfer).
+_STATE_BYTES = 64 * 2**20
+_NFIELDS = 9  # m, s, t, am, flags, rm, rs, c, ram
+# flag bits (per tile, then per row)
+F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF = 1, 2, 4, 8, 16, 32, 64
+_SLOW = F_INF | F_INF_REF | F_CROSS
+# KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
+_CROSS_BIG = 1e20
+# output rows of the (7, N) float64 result
+_O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL = (tl.constexpr(k) for k in range(7))
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _tanh(u):
+    """tanh from tl operations (libdevice is not in the interpreter): an odd
+    polynomial (Taylor to u^11, error < 1e-9) below |u| = 0.3, else
+    1 - 2 / (e^(2|u|) + 1); +-inf give +-1, NaN stays NaN."""
+    a = tl.abs(u)
+    a2 = a * a
+    p = a2 * -0.008863235529902197 + 0.021869488536155203  # -1382/155925, 62/2835
+    p = p * a2 - 0.05396825396825397  # 17/315
+    p = p * a2 + 0.13333333333333333  # 2/15
+    p = p * a2 - 0.3333333333333333
+    small = a + a * a2 * p
+    big = 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
+    v = tl.where(a < 0.3, small, big)
+    return tl.where(u < 0, -v, v)
+
+
+@triton.jit
+def _any_bits(fl, axis, NBITS: tl.constexpr):
+    """The OR of the flags along axis (a max a bit: the interpreter runs a
+    custom combine function element by element)."""
+    acc = tl.max(fl & 1, axis)
+    for b in tl.static_range(1, NBITS):
+        acc = acc | (tl.max((fl >> b) & 1, axis) << b)
+    return acc
+
+
+@triton.jit
+def _side(x, mask, offs, cap, inv_cap, inv_lo, CAPPED: tl.constexpr, WANT_T: tl.constexpr,
+          WANT_AM: tl.constexpr):
+    """One side of a tile: values with NaN as -inf, max, shift, e, s, t,
+    first argmax, and the lanes holding NaN and +inf (t and the argmax are 0
+    when not wanted)."""
+    x = x.to(tl.float32)
+    if CAPPED:
+        # x / c as x (hi + lo), hi + lo = 1 / c to twice float precision: x
+        # times a rounded 1 / c would bias every capped logit one way (where
+        # tanh is +-1 anyway, +-inf and huge x, the plain product)
+        u = x * inv_cap
+        u = tl.where(tl.abs(u) < 1e30, tl.fma(x, inv_cap, x * inv_lo), u)
+        x = tl.where(mask, cap * _tanh(u), float("-inf"))
+    nan = x != x
+    xx = tl.where(nan, float("-inf"), x)
+    m = tl.max(xx, 0)
+    ms = tl.where(m == float("-inf"), 0.0, m)
+    xc = tl.maximum(xx, ms - 128.0)  # e underflows to 0 below; keeps e (x - ms) finite
+    e = tl.exp(xc - ms)
+    s = tl.sum(e, 0)
+    t = 0.0
+    if WANT_T:
+        t = tl.sum(e * (xc - ms), 0)
+    am = 0
+    if WANT_AM:
+        am = tl.min(tl.where(xx == m, offs, 2147483647), 0)
+    return xx, m, ms, e, s, t, am, nan, xx == float("inf")
+
+
+@triton.jit
+def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_tiles, per_prog,
+           cap, inv_cap, inv_lo, TILE: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr,
+           WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr):
+    """The states of tiles [first, first + per_prog) of a row (see the
+    module's docstring); program (row, j) starts at tile j * per_prog."""
+    row = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * per_prog
+    offs = tl.arange(0, TILE)
+    plane = n_tiles * n_rows  # fields of the states (bounded: int32)
+    n_run = per_prog
+    if HAS_TGT:  # an ignored row is not read (its states are not either)
+        n_run = tl.where(tl.load(tgt_ptr + row) >= 0, per_prog, 0)
+    zrow = z_ptr + row * z_stride
+    rrow = r_ptr + row * r_stride
+    for k in range(0, n_run):
+        tile = first + k
+        if tile < n_tiles:
+            cols = tile * TILE + offs
+            mask = cols < n_cols  # (n_cols, not a value chosen at run time: vector loads)
+            z = tl.load(zrow + cols, mask=mask, other=float("-inf"))
+            zz, m, ms, e, s, t, am, nan, inf = _side(z, mask, offs, cap, inv_cap, inv_lo, CAPPED, WANT_ENT, WANT_AMAX)
+            # the flags' lane counts, 12 bits each (TILE < 4096), in one sum
+            code = nan.to(tl.int64) + (inf.to(tl.int64) << 12)
+            at = st_ptr + tile.to(tl.int64) * n_rows + row
+            tl.store(at, m)
+            tl.store(at + plane, s)
+            tl.store(at + 2 * plane, t)
+            tl.store(at + 3 * plane, am.to(tl.float32))
+            if HAS_REF:
+                r = tl.load(rrow + cols, mask=mask, other=float("-inf"))
+                rr, rm, rms, er, rs, rt, ram, rnan, rinf = _side(r, mask, offs, cap, inv_cap, inv_lo, CAPPED, False,
+                                                                 WANT_AMAX)
+                # c = sum e_r d, d = (r - rm) - (z - m) unclamped; lanes with
+                # e_r = 0 add nothing, and a d beyond float sums (the model
+                # masks where the reference does not) sends the row to the
+                # exact path
+                d = (rr - rms) - (zz - ms)
+                c = tl.sum(tl.where(er > 0, er * d, 0.0), 0)
+                big = (rr > float("-inf")) & (d > 1e20)
+                code += (rnan.to(tl.int64) << 24) + (rinf.to(tl.int64) << 36) + (big.to(tl.int64) << 48)
+                tl.store(at + 5 * plane, rm)
+                tl.store(at + 6 * plane, rs)
+                tl.store(at + 7 * plane, c)
+                tl.store(at + 8 * plane, ram.to(tl.float32))
+            n = tl.sum(code, 0)
+            flags = ((n & 4095) > 0).to(tl.int32)
+            for b in tl.static_range(1, 5):
+                flags = flags | ((((n >> (12 * b)) & 4095) > 0).to(tl.int32) << b)
+            tl.store(at + 4 * plane, flags.to(tl.float32))
+
+
+@triton.jit
+def _capped64(v, cap, CAPPED: tl.constexpr):
+    """A target's logit, capped in float64 (divided by the cap, which is
+    exact in float32 for the usual caps, rather than times 1 / c)."""
+    v = v.to(tl.float64)
+    if CAPPED:
+        v = cap * _tanh(v / cap)
+    return v
+
+
+@triton.jit
+def _merge(st_ptr, z_ptr, r_ptr, tgt_ptr, out_ptr, n_rows, row0, n_total, n_tiles, z_stride, r_stride,
+           cap, inv_cap, TILE: tl.constexpr, ROWS: tl.constexpr, NT: tl.constexpr,
+           HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, CAPPED: tl.constexpr):
+    """Per-row values from the tile states of ROWS rows, combined in float64
+    by a fixed reduction over the tiles (NT: n_tiles to a power of 2)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    rows64 = rows.to(tl.int64)
+    plane = n_tiles * n_rows
+    tgt = tl.zeros([ROWS], tl.int64)
+    counted = rmask
+    if HAS_TGT:
+        tgt = tl.load(tgt_ptr + rows64, mask=rmask, other=-1)
+        counted = rmask & (tgt >= 0)
+    tgt = tl.where(counted, tgt, 0)
+    ninf = float("-inf")
+    # all of a row's tiles at once (no loop: triton 3.7's thread-locality
+    # pass fails on reductions accumulated across loop iterations)
+    tj = tl.arange(0, NT)
+    msk = counted[:, None] & (tj < n_tiles)[None, :]
+    off = tj[None, :].to(tl.int64) * n_rows + rows64[:, None]
+    m = tl.load(st_ptr + off, mask=msk, other=ninf)
+    M = tl.max(m, 1)
+    flags = _any_bits(tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32), 1, 5)
+    M64 = M.to(tl.float64)
+    s = tl.load(st_ptr + plane + off, mask=msk, other=0.0).to(tl.float64)
+    live = s > 0
+    dm = tl.where(live, m.to(tl.float64) - M64[:, None], 0.0)
+    ea = tl.where(live, tl.exp(dm), 0.0)
+    S = tl.sum(s * ea, 1)
+    kz = tl.min(tl.where(msk & (m == M[:, None]), tj, NT), 1)  # the first tile holding the max
+    T = tl.zeros([ROWS], tl.float64)
+    if WANT_ENT:
+        t = tl.load(st_ptr + 2 * plane + off, mask=msk, other=0.0).to(tl.float64)
+        T = tl.sum(tl.where(live, ea * (t + dm * s), 0.0), 1)
+    if HAS_REF:
+        rm = tl.load(st_ptr + 5 * plane + off, mask=msk, other=ninf)
+        RM = tl.max(rm, 1)
+        RM64 = RM.to(tl.float64)
+        rs = tl.load(st_ptr + 6 * plane + off, mask=msk, other=0.0).to(tl.float64)
+        c = tl.load(st_ptr + 7 * plane + off, mask=msk, other=0.0).to(tl.float64)
+        rlive = rs > 0
+        drm = tl.where(rlive, rm.to(tl.float64) - RM64[:, None], 0.0)
+        ar = tl.where(rlive, tl.exp(drm), 0.0)
+        RS = tl.sum(rs * ar, 1)
+        # the cross term moved to the common shifts (M, RM)
+        C = tl.sum(tl.where(rlive, ar * (c + (drm - dm) * rs), 0.0), 1)
+        kr = tl.min(tl.where(msk & (rm == RM[:, None]), tj, NT), 1)
+    empty = (M == ninf) & ((flags & 2) == 0)
+    flags = flags | tl.where(counted & empty, 32, 0)
+    ls = tl.log(S)
+    kz = tl.where(counted & (kz < n_tiles), kz, 0)
+    am = tl.load(st_ptr + 3 * plane + kz.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0)
+    amax = kz.to(tl.float64) * TILE + am.to(tl.float64)
+    nll = tl.zeros([ROWS], tl.float64)
+    if HAS_TGT:
+        zt = tl.load(z_ptr + rows64 * z_stride + tgt, mask=counted, other=0.0)
+        nll = (M64 - _capped64(zt, cap, CAPPED)) + ls
+    ent = ls - T / S
+    base = out_ptr + row0 + rows64
+    tl.store(base + _O_NLL * n_total, tl.where(counted, tl.maximum(nll, 0.0), 0.0), mask=rmask)
+    tl.store(base + _O_ENT * n_total, tl.where(counted, tl.maximum(ent, 0.0), 0.0), mask=rmask)
+    tl.store(base + _O_AMAX * n_total, tl.where(counted, amax, -1.0), mask=rmask)
+    if HAS_REF:
+        rempty = (RM == ninf) & ((flags & 8) == 0)
+        flags = flags | tl.where(counted & rempty, 64, 0)
+        rls = tl.log(RS)
+        kl = C / RS - rls + ls
+        kr = tl.where(counted & (kr < n_tiles), kr, 0)
+        ram = tl.load(st_ptr + 8 * plane + kr.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0)
+        ramax = kr.to(tl.float64) * TILE + ram.to(tl.float64)
+        rnll = tl.zeros([ROWS], tl.float64)
+        if HAS_TGT:
+            rt = tl.load(r_ptr + rows64 * r_stride + tgt, mask=counted, other=0.0)
+            rnll = (RM64 - _capped64(rt, cap, CAPPED)) + rls
+        tl.store(base + _O_KL * n_total, tl.where(counted, tl.maximum(kl, 0.0), 0.0), mask=rmask)
+        tl.store(base + _O_RAMAX * n_total, tl.where(counted, ramax, -1.0), mask=rmask)
+        tl.store(base + _O_RNLL * n_total, tl.where(counted, tl.maximum(rnll, 0.0), 0.0), mask=rmask)
+    tl.store(base + _O_FLAGS * n_total, tl.where(counted, flags, 0).to(tl.float64), mask=rmask)
+
+
+# test hooks: a smaller tile, a fixed number of tiles a program
+_tile = TILE
+_per_prog: Optional[int] = None
+
+
+def _programs_per_row(n_rows: int, n_tiles: int, device) -> int:
+    """Tiles a program takes: whole rows when there are rows enough to fill
+    the device several times over, else runs short enough that the
+    programs do (few long rows). Changes no result."""
+    if _per_prog is not None:
+        return max(1, min(_per_prog, n_tiles))
+    sms = 132
+    if device.type == "cuda":
+        import torch
+
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = 32 * sms  # programs: several waves, for an even finish
+    per = max(1, min(n_tiles, (n_rows * n_tiles) // want))
+    progs = -(-n_tiles // per)
+    return -(-n_tiles // progs)  # the same number of tiles in each (63 tiles: 21, 21, 21, not 30, 30, 3)
+
+
+class LaunchError(RuntimeError):
+    """The kernels could not be compiled or launched (the caller falls back
+    to the torch path)."""
+
+
+def usable(lg, ref) -> bool:
+    """Whether the Triton path takes these logits: 16- and 32-bit floats
+    whose vocabulary axis is contiguous."""
+    if lg.dtype not in ("float32", "bfloat16", "float16") or lg.n_cols > _MAX_TILES * _tile:
+        return False
+    return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in ([lg] if ref is None else [lg, ref]))
+
+
+def compute(lg, ref, out, ignore_index: int, cap: float) -> None:
+    """Fill out's per-row arrays (numpy, on the host) from the tensors."""
+    import torch
+
+    from . import _cuda
+
+    dev = lg.keep.device
+    n = lg.n_rows
+    V = lg.n_cols
+    tile = _tile
+    n_tiles = (V + tile - 1) // tile
+    has_tgt = out.targets is not None
+    tgt_all = None
+    if has_tgt:
+        tgt_all = torch.from_numpy(np.where(out.counted, out.targets, -1)).to(dev)
+    want_ent = out.entropy is not None
+    want_amax = out.argmax is not None
+    has_ref = ref is not None
+    res = torch.empty((7, n), dtype=torch.float64, device=dev)
+    group = max(1, min(_STATE_BYTES, _cuda._chunk_bytes // 2) // (n_tiles * _NFIELDS * 4))
+    states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
+    try:
+        # on the tensors' device (the launch goes to the current one), and
+        # the interpreter's numpy sees -inf - -inf in masked lanes
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext(), \
+                np.errstate(all="ignore"):
+            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap)
+    except Exception as e:
+        raise LaunchError(str(e)) from e
+    host = res.cpu().numpy()  # the one synchronisation
+    _finish(host, lg, ref, out, cap, tgt_all)
+
+
+def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap):
+    from . import _cuda
+
+    dev = lg.keep.device
+    n = lg.n_rows
+    V = lg.n_cols
+    capf = float(cap) if cap else 1.0
+    inv_hi = float(np.float32(1.0 / capf))
+    inv_lo = float(np.float32(1.0 / capf - inv_hi))
+    nt = triton.next_power_of_2(n_tiles)
+    pos = 0
+    for zb, rb in _cuda._row_blocks(lg.keep, None if ref is None else ref.keep):
+        nb = zb.shape[0]
+        rb_ = rb if rb is not None else zb
+        for a in range(0, nb, group):
+            rows = min(group, nb - a)
+            z = zb[a:a + rows]
+            r = rb_[a:a + rows]
+            tg = tgt_all[pos + a:pos + a + rows] if has_tgt else z
+            st = states[:, :, :rows] if rows == states.shape[2] else \
+                states.view(-1)[: _NFIELDS * n_tiles * rows].view(_NFIELDS, n_tiles, rows)
+            per = _programs_per_row(rows, n_tiles, dev)
+            grid = (rows, (n_tiles + per - 1) // per)
+            _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
+                         capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=has_tgt, HAS_REF=has_ref,
+                         WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
+            mrows = max(1, min(16, _MERGE_ELEMS // nt))
+            _merge[((rows + mrows - 1) // mrows,)](
+                st, z, r, tg, res, rows, pos + a, n, n_tiles, z.stride(0), r.stride(0),
+                capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=has_tgt,
+                HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
+        pos += nb
+
+
+def _finish(host, lg, ref, out, cap, tgt_all) -> None:
+    """Raise for the first bad counted row, take the per-row values, and do
+    the rows the pass cannot certify (+inf, KL cross terms beyond float)
+    again by the exact torch path."""
+    counted = out.counted
+    flags = host[_O_FLAGS.value].astype(np.int64)
+    bad = counted & ((flags & (F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF)) != 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        f = flags[i]
+        status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
+                  else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
+        raise row_error(status, i, lg.lead_shape)
+    for name, k in (("nll", _O_NLL), ("entropy", _O_ENT), ("kl", _O_KL), ("ref_nll", _O_RNLL),
+                    ("argmax", _O_AMAX), ("ref_argmax", _O_RAMAX)):
+        arr = getattr(out, name)
+        if arr is not None:
+            arr[:] = host[k.value]  # argmax: exact float64 integers
+    slow = np.nonzero(counted & ((flags & _SLOW) != 0))[0]
+    if slow.size:
+        _exact_rows(slow, lg, ref, out, cap, tgt_all)
+
+
+def _exact_rows(idx: np.ndarray, lg, ref, out, cap: float, tgt_all) -> None:
+    """The rows idx again by the torch path's exact computation, a bounded
+    number of rows at a time."""
+    import torch
+
+    from . import _cuda
+
+    dev = lg.keep.device
+    z2 = _flat(lg.keep)
+    r2 = None if ref is None else _flat(ref.keep)
+    names = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
+    step = max(1, _cuda._chunk_bytes // (lg.n_cols * 4 * 12))
+    for a in range(0, idx.size, step):
+        part = idx[a:a + step]
+        sel = torch.from_numpy(part).to(dev)
+        sub = SimpleNamespace(**{k: None if getattr(out, k) is None else np.empty(part.size, getattr(out, k).dtype)
+                                 for k in names})
+        tgt = None if tgt_all is None else tgt_all[sel]
+        _cuda._chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel), tgt,
+                           torch.ones(part.size, dtype=torch.bool, device=dev), sub, 0, part.size,
+                           cap, lg.lead_shape)
+        for k in names:
+            if getattr(sub, k) is not None:
+                getattr(out, k)[part] = getattr(sub, k)
+
+
+def _flat(x):
+    """x as (rows, V) when that is a view, else x itself (rows then are
+    taken by their multi-index): never a copy of the whole buffer."""
+    if x.dim() == 1:
+        return x.unsqueeze(0)
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return x
+
+
+def _take(x2, part, sel):
+    """Rows part of the flattened logits x2 (a copy of those rows only)."""
+    if x2.dim() == 2:
+        return x2.index_select(0, sel)
+    import torch
+
+    lead = x2.shape[:-1]
+    return torch.stack([x2[tuple(int(k) for k in np.unravel_index(i, lead))] for i in part])
