@@ -17,12 +17,18 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ._engine import check_positive_int
 from ._errors import Status, row_error
 from ._inputs import row_blocks
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._engine import RowResults
 
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
 _chunk_bytes = _DEFAULT_CHUNK_BYTES
@@ -47,10 +53,8 @@ def set_cuda_chunk_bytes(nbytes: Optional[int] = None) -> int:
     Returns the previous value.
     """
     global _chunk_bytes
-    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer))
-                               or nbytes < 1):
-        raise ValueError(f"nbytes must be a positive integer or None, got {nbytes!r}")
-    old, _chunk_bytes = _chunk_bytes, int(nbytes) if nbytes is not None else _DEFAULT_CHUNK_BYTES
+    new = _DEFAULT_CHUNK_BYTES if nbytes is None else check_positive_int("nbytes", nbytes)
+    old, _chunk_bytes = _chunk_bytes, new
     return old
 
 
@@ -81,7 +85,7 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
     return CudaLogits(x.detach(), dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
 
 
-def _side(x, cap: float):
+def _side(x: torch.Tensor, cap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Compute-dtype logits (capped) and their logsumexp per row; rows holding
     +inf become 0 at the +inf entries and -inf elsewhere (equal shares)."""
     import torch
@@ -105,7 +109,7 @@ _force_triton = False
 _triton_failed = False
 
 
-def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]):
+def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
     """The Triton module when it takes these logits, else None."""
     if _triton_failed or os.environ.get("LMMETRICS_TRITON", "1") == "0":
         return None
@@ -118,7 +122,7 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]):
     return _triton if _triton.usable(lg, ref) else None
 
 
-def compute(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, cap: float) -> None:
+def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
     """Fill out's per-row arrays (numpy, on the host) from the CUDA tensors:
     the Triton kernel where it applies, else torch."""
     global _triton_failed
@@ -158,7 +162,8 @@ def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index:
         pos += zb.shape[0]
 
 
-def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
+def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tensor], counted: torch.Tensor,
+           out: RowResults, i0: int, i1: int, cap: float, lead_shape: Tuple[int, ...]) -> None:
     """One chunk of rows: the fast path from log-probabilities (one fused
     log_softmax a side); a chunk where a counted row's value is not finite
     (NaN, an all -inf row, +inf logits, or a target at -inf) is done again
@@ -172,12 +177,12 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
             and (r is None or out.ref_nll is not None or out.kl is not None)):
         _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
         return
-    safe = torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
+    safe = _safe_targets(tgt, counted)
     z = _capped(x, cap)
     logp = torch.log_softmax(z, 1, dtype=_compute_dtype(x))
-    vals = {}
+    vals: Dict[str, torch.Tensor] = {}
     if out.nll is not None:
-        vals["nll"] = -logp.gather(1, safe)[:, 0].double()
+        vals["nll"] = -logp.gather(1, _need(safe))[:, 0].double()
     if out.entropy is not None:
         vals["entropy"] = _entropy(logp)
     if out.argmax is not None:
@@ -187,7 +192,7 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
         rz = _capped(r, cap)
         rlogp = torch.log_softmax(rz, 1, dtype=_compute_dtype(r))
         if out.ref_nll is not None:
-            vals["ref_nll"] = -rlogp.gather(1, safe)[:, 0].double()
+            vals["ref_nll"] = -rlogp.gather(1, _need(safe))[:, 0].double()
         if out.kl is not None:
             vals["kl"] = _kl(rlogp, logp)
         if out.ref_argmax is not None:
@@ -203,15 +208,31 @@ def _chunk(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
     _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
 
 
-def _entropy(logp):
+def _safe_targets(tgt: Optional[torch.Tensor], counted: torch.Tensor) -> Optional[torch.Tensor]:
+    """The targets as a (rows, 1) index, 0 where a row is not counted."""
+    import torch
+
+    return torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
+
+
+def _need(x: Optional[torch.Tensor]) -> torch.Tensor:
+    """x, computed when a path reads it (an NLL has targets, the KL the
+    model's log-probabilities)."""
+    if x is None:
+        raise RuntimeError("lmmetrics: internal error: a CUDA chunk lacks what it reads")
+    return x
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
     """-sum p log p a row: entr(p) = -p ln p is 0 at p = 0 (masked entries)
     and NaN at NaN; ln of the rounded p costs 6e-8 at most."""
     import torch
 
-    return torch.special.entr(torch.exp(logp)).sum(1, dtype=torch.float64)
+    entropy: torch.Tensor = torch.special.entr(torch.exp(logp)).sum(1, dtype=torch.float64)
+    return entropy
 
 
-def _kl(rlogp, logp):
+def _kl(rlogp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     import torch
 
     pr = torch.exp(rlogp)
@@ -219,14 +240,14 @@ def _kl(rlogp, logp):
     return torch.where(pr > 0, terms, 0.0).sum(1, dtype=torch.float64)
 
 
-def _compute_dtype(x):
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """float32 for every logits dtype but float64 (exact conversions)."""
     import torch
 
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _capped(x, cap: float):
+def _capped(x: torch.Tensor, cap: float) -> torch.Tensor:
     """The softcapped logits c tanh(x / c) in the compute dtype, or x as given
     (capping keeps the order: the argmax is taken on these)."""
     import torch
@@ -234,7 +255,8 @@ def _capped(x, cap: float):
     return torch.tanh(x.to(_compute_dtype(x)) / cap) * cap if cap else x
 
 
-def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
+def _chunk_exact(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tensor], counted: torch.Tensor,
+                 out: RowResults, i0: int, i1: int, cap: float, lead_shape: Tuple[int, ...]) -> None:
     import torch
 
     z, lse, nan, empty = _side(x, cap)
@@ -248,14 +270,14 @@ def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
                   else Status.LM_ERR_NAN_REF if rnan[i] else Status.LM_ERR_EMPTY_REF)
         raise row_error(status, i0 + i, lead_shape)
 
-    def put(name, values, fill):
+    def put(name: str, values: torch.Tensor, fill: float) -> None:
         arr = getattr(out, name)
         if arr is not None:
             arr[i0:i1] = torch.where(counted, values, fill).cpu().numpy()
 
-    safe = torch.where(counted, tgt, 0)[:, None] if tgt is not None else None
+    safe = _safe_targets(tgt, counted)
     if out.nll is not None:
-        put("nll", (lse - z.gather(1, safe)[:, 0]).double(), 0.0)
+        put("nll", (lse - z.gather(1, _need(safe))[:, 0]).double(), 0.0)
     logp = None
     if out.entropy is not None or out.kl is not None:
         logp = z - lse[:, None]
@@ -266,8 +288,8 @@ def _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape) -> None:
     if r is None:
         return
     if out.ref_nll is not None:
-        put("ref_nll", (rlse - rz.gather(1, safe)[:, 0]).double(), 0.0)
+        put("ref_nll", (rlse - rz.gather(1, _need(safe))[:, 0]).double(), 0.0)
     if out.ref_argmax is not None:
         put("ref_argmax", torch.argmax(rz, 1), -1)
     if out.kl is not None:
-        put("kl", _kl(rz - rlse[:, None], logp), 0.0)
+        put("kl", _kl(rz - rlse[:, None], _need(logp)), 0.0)

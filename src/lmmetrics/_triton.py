@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ._errors import Status, row_error
+from ._inputs import row_blocks
 
 # Elements of a row a tile holds: the results depend on it (and only on it).
 TILE = 2048
@@ -341,7 +342,7 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
     inv_lo = float(np.float32(1.0 / capf - inv_hi))
     nt = triton.next_power_of_2(n_tiles)
     pos = 0
-    for zb, rb in _cuda._row_blocks(lg.keep, None if ref is None else ref.keep):
+    for zb, rb in row_blocks(lg.keep, None if ref is None else ref.keep):
         nb = zb.shape[0]
         rb_ = rb if rb is not None else zb
         for a in range(0, nb, group):
