@@ -2,7 +2,7 @@
  * pass over memory. lm_instantiate.h includes it once per (ISA, dtype),
  * after an lm_simd_*.h header has defined the vector primitives
  *   lmv_t (a vector of LMV_W lanes of LMV_LANE), lmv_set1, lmv_add, lmv_sub,
- *   lmv_mul, lmv_div, lmv_fma (fused), lmv_max, lmv_abs, lmv_copysign,
+ *   lmv_mul, lmv_div, lmv_fma (fused), lmv_max, lmv_min, lmv_abs, lmv_copysign,
  *   lmv_scale, lmv_pow2q, lmv_sel_n0, lmv_zero_below, lmv_any_eq, lmv_store,
  *   lmv_loadu (and optionally lmv_i16_t and lmv_imax16*),
  * and the dtype macros
@@ -59,21 +59,40 @@ LM_INLINE double lm_effective(double shift) { return shift == -INFINITY ? 0.0 : 
 
 /* ------------------------------------------------------------ exp, softcap */
 
+/* The softcap's constants in the lanes [README: softcap]: c and 1 / c
+ * each as a sum hi + lo of two lane values (float lanes: a single rounded
+ * constant would scale every capped logit by the same 1 + 6e-8, a bias
+ * the summed NLL sees), and 64 c, past which tanh is 1 in float. */
+typedef struct { lmv_t c, c_lo, ic, ic_lo, big; } LM_FN(cap_t);
+
+LM_INLINE LM_FN(cap_t) LM_FN(cap_of_)(double c) {
+    LM_FN(cap_t) k;
+    const double ic = 1.0 / c;
+    k.c = lmv_set1((LMV_LANE)c);
+    k.c_lo = lmv_set1((LMV_LANE)(c - (double)(LMV_LANE)c));
+    k.ic = lmv_set1((LMV_LANE)ic);
+    k.ic_lo = lmv_set1((LMV_LANE)(ic - (double)(LMV_LANE)ic));
+    k.big = lmv_set1((LMV_LANE)(64.0 * c));
+    return k;
+}
+
 #ifdef LM_LIBM_EXP /* float64 lanes: libm [README: float64] */
 #define LM_EXP_LO (-746.0)
-LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, lmv_t c, lmv_t ic) { (void)ic; return lm_softcap(x, c); }
+LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, const LM_FN(cap_t) *k) { return lm_softcap(x, k->c); }
 /* e^(z - shift) = p * sc */
 LM_INLINE lmv_t LM_FN(expq_)(lmv_t z, lmv_t shift, lmv_t *sc) { *sc = 1.0; return exp(z - shift); }
 /* the lane value of expq_'s second argument for a shift */
 LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) { return shift; }
 #else
 #define LM_EXP_LO (-86.0f)
-/* e^r = 1 + r + r^2 D(r), D = c2 + c3 r + c4 r^2 + c5 r^3 (degree-5
- * polynomial, max 2.4 ulp for exp), by Estrin's scheme. Used by the
- * softcap's expm1, which needs the whole range [-ln2/2, ln2/2] for r. */
+/* e^r - 1 = r + r^2 D(r), D = (e^r - 1 - r) / r^2 by a degree-4
+ * polynomial fitted for relative error over [-ln2/2, ln2/2] (expm1 within
+ * 9e-8 relative in float, no bias near 0), by Estrin's scheme. Used by the
+ * softcap, whose tanh needs expm1 accurate near 0 [README: softcap]. */
 LM_INLINE lmv_t LM_FN(exp_d_)(lmv_t r, lmv_t r2) {
-    return lmv_fma(lmv_fma(lmv_set1(0.008312525227665901f), r, lmv_set1(0.041890114545822144f)), r2,
-                 lmv_fma(lmv_set1(0.16667114198207855f), r, lmv_set1(0.499992311000824f)));
+    lmv_t hi = lmv_fma(lmv_set1(0.001390127930790186f), r2,
+                       lmv_fma(lmv_set1(0.008363140746951103f), r, lmv_set1(0.04166685417294502f)));
+    return lmv_fma(hi, r2, lmv_fma(lmv_set1(0.16666577756404877f), r, lmv_set1(0.5f)));
 }
 /* Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, for x in
  * [LM_EXP_LO, 0]: sets t (n in its low bits), r and r^2, returns D(r), so
@@ -86,15 +105,18 @@ LM_INLINE lmv_t LM_FN(reduce_)(lmv_t x, lmv_t *t, lmv_t *r, lmv_t *r2) {
 }
 /* softcap: c tanh(x / c) = sign(x) c (-em1 / (2 + em1)), em1 =
  * expm1(-2|x|/c), accurate near 0 (for n == 0 em1 is q itself)
- * [README: softcap]. */
-LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, lmv_t c, lmv_t ic) {
-    lmv_t y = lmv_max(lmv_set1(LM_EXP_LO), lmv_mul(lmv_abs(lmv_mul(x, ic)), lmv_set1(-2.0f)));
+ * [README: softcap]. |x| is first clamped to 64 c (operand order keeps a
+ * NaN), so that |x| / c = |x| ic + |x| ic_lo never meets inf * 0. */
+LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, const LM_FN(cap_t) *k) {
+    lmv_t a = lmv_min(k->big, lmv_abs(x));
+    lmv_t u = lmv_fma(a, k->ic, lmv_mul(a, k->ic_lo));
+    lmv_t y = lmv_max(lmv_set1(LM_EXP_LO), lmv_mul(u, lmv_set1(-2.0f)));
     lmv_t t, r, r2, d = LM_FN(reduce_)(y, &t, &r, &r2);
     lmv_t q = lmv_fma(d, r2, r);                         /* e^r - 1 */
     lmv_t em1 = lmv_sel_n0(lmv_sub(t, lmv_set1(LM_MAGIC)), q,
                       lmv_sub(lmv_scale(lmv_add(q, lmv_set1(1.0f)), t), lmv_set1(1.0f)));
     lmv_t tnh = lmv_div(lmv_sub(lmv_set1(0.0f), em1), lmv_add(em1, lmv_set1(2.0f)));
-    return lmv_copysign(lmv_mul(tnh, c), x);
+    return lmv_copysign(lmv_fma(tnh, k->c, lmv_mul(tnh, k->c_lo)), x);
 }
 /* The sums' exp [README: the exp]: e^(z - K ln2f) = p * sc for z in
  * [shift + LM_EXP_LO, shift + LM_HEAD], shift = K ln2f, with no subtraction
@@ -147,13 +169,11 @@ LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) {
  * it is on and, in the tail (valid < LM_STEP real elements, the rest
  * padding), the padding set to -inf after the cap, so that it adds nothing
  * in any mode (capped, -inf padding would be -c: a value like any other). */
-typedef struct { lmv_t c, ic; int capped; int64_t valid; } LM_FN(loader_t);
+typedef struct { LM_FN(cap_t) k; int capped; int64_t valid; } LM_FN(loader_t);
 
 LM_INLINE LM_FN(loader_t) LM_FN(loader_)(int capped, double cap, int64_t valid) {
     LM_FN(loader_t) ld;
-    /* c and 1 / c in the lanes' type (float lanes: both rounded to float) */
-    ld.c = lmv_set1(capped ? (LMV_LANE)cap : (LMV_LANE)1);
-    ld.ic = lmv_set1(capped ? (LMV_LANE)1 / (LMV_LANE)cap : (LMV_LANE)1);
+    ld.k = LM_FN(cap_of_)(capped ? cap : 1.0);
     ld.capped = capped;
     ld.valid = valid;
     return ld;
@@ -172,8 +192,8 @@ LM_INLINE void LM_FN(unpad_)(lmv_t *a, lmv_t *b, int64_t valid) {
 LM_INLINE void LM_FN(load_)(const LM_ELEM *p, const LM_FN(loader_t) ld, lmv_t *a, lmv_t *b) {
     LM_LOAD2(p, *a, *b);
     if (ld.capped) {
-        *a = LM_FN(cap_)(*a, ld.c, ld.ic);
-        *b = LM_FN(cap_)(*b, ld.c, ld.ic);
+        *a = LM_FN(cap_)(*a, &ld.k);
+        *b = LM_FN(cap_)(*b, &ld.k);
         if (ld.valid < LM_STEP) LM_FN(unpad_)(a, b, ld.valid);
     }
 }

@@ -109,11 +109,11 @@ static const lm_unit *lm_unit_for(int isa) {
     return &lm_unit_scalar;
 }
 
-/* the unit whose kernel runs dtype on isa: the portable unit where the
- * ISA's has none (float64) */
-static const lm_unit *lm_unit_of(int isa, int dtype) {
-    const lm_unit *u = lm_unit_for(isa);
-    return u->kernels[dtype] ? u : &lm_unit_scalar;
+/* the kernel for dtype on isa: the portable unit's where the ISA has none
+ * (float64) */
+static lm_segment_fn lm_kernel_for(int isa, int dtype) {
+    lm_segment_fn fn = lm_unit_for(isa)->kernels[dtype];
+    return fn ? fn : lm_unit_scalar.kernels[dtype];
 }
 
 /* A read-only pass over a buffer (the speed limit the benchmarks compare
@@ -146,7 +146,6 @@ uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads) {
 typedef struct {
     const lm_job *job;
     lm_segment_fn fn;
-    lm_cap_fn cap;     /* the kernel's own softcap of one value; NULL: lm_softcap */
     int flags;
     int64_t nseg;
     size_t es;
@@ -216,15 +215,10 @@ static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
     a->nan |= b->nan;
 }
 
-/* the softcap in double (the exact path) */
+/* the softcap in double: the target's logit, and the exact path (the
+ * kernels cap in their lanes' type, within a few ulps of this) */
 static double lm_cap(const lm_job *j, double v) {
     return j->softcap > 0 ? lm_softcap(v, j->softcap) : v;
-}
-
-/* the softcap as the kernel applied it (the fast path's target logits) */
-static double lm_kernel_cap(const lm_ctx *x, double v) {
-    const double c = x->job->softcap;
-    return c > 0 ? (x->cap ? x->cap(v, c) : lm_softcap(v, c)) : v;
 }
 
 /* NLL, entropy and KL are >= 0 exactly; rounding may leave -1e-16 */
@@ -308,7 +302,7 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     double ls = log(st->sum);
     if (j->nll) {
         const char *z = lm_row(x, &j->logits, i);
-        j->nll[i] = lm_nonneg((st->shift - lm_kernel_cap(x, lm_load1(z, j->dtype, j->targets[i]))) + ls);
+        j->nll[i] = lm_nonneg((st->shift - lm_cap(j, lm_load1(z, j->dtype, j->targets[i]))) + ls);
     }
     if (j->entropy) j->entropy[i] = lm_nonneg(ls - st->dsum / st->sum);
     if (j->argmax) j->argmax[i] = st->argmax;
@@ -316,7 +310,7 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     if (j->ref_argmax) j->ref_argmax[i] = st->ref_argmax;
     if (j->ref_nll) {
         const char *r = lm_row(x, &j->ref, i);
-        j->ref_nll[i] = lm_nonneg((st->ref_shift - lm_kernel_cap(x, lm_load1(r, j->dtype, j->targets[i]))) +
+        j->ref_nll[i] = lm_nonneg((st->ref_shift - lm_cap(j, lm_load1(r, j->dtype, j->targets[i]))) +
                                   log(st->ref_sum));
     }
     return LM_OK;
@@ -383,11 +377,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         return LM_OK;
     }
     x.job = j;
-    {
-        const lm_unit *u = lm_unit_of(lm_isa_active(), j->dtype);
-        x.fn = u->kernels[j->dtype];
-        x.cap = j->dtype == LM_F64 ? NULL : u->cap;
-    }
+    x.fn = lm_kernel_for(lm_isa_active(), j->dtype);
     x.es = lm_elsize(j->dtype);
     x.nseg = (j->n_cols + LM_SEGMENT - 1) / LM_SEGMENT;
     x.flags = (j->entropy || j->argmax || j->ref.base ? LM_WANT_ENT | LM_WANT_AMAX : 0) |

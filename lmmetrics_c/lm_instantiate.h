@@ -3,7 +3,6 @@
  * LM_ISA_TAG (scalar, avx2, avx512, neon), are
  *   segment_<isa>_f32, segment_<isa>_f16, segment_<isa>_bf16  (lm_segment_fn)
  *   read_<isa>_f32                                            (lm_read_fn)
- *   cap_<isa>_f32                                             (lm_cap_fn)
  * (each with its static inline helpers, e.g. block__<isa>_f32), and
  * lm_isa_scalar.c adds segment_scalar_f64 (double lanes, libm's exp). They
  * are exported through each unit's lm_unit (lm_unit_<isa>). */
@@ -20,15 +19,7 @@
 static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
     return LM_FN(max_)(p, n, LM_FN(loader_)(0, 1.0f, 2 * LMV_W));
 }
-/* the softcap of one value exactly as this unit's float lanes compute it
- * (the driver caps a target's logit with it, so that its NLL agrees with
- * the sums: a one-entry row gives 0) */
-static double LM_NAME3(cap, LM_ISA_TAG, f32)(double x, double c) {
-    const LM_FN(loader_t) ld = LM_FN(loader_)(1, c, 2 * LMV_W);
-    LMV_LANE e[LMV_W];
-    lmv_store(e, LM_FN(cap_)(lmv_set1(x), ld.c, ld.ic));
-    return e[0];
-}
+
 #undef LM_ELEM
 #undef LM_ELEM_NEGINF
 #undef LM_LOAD2

@@ -112,13 +112,9 @@ typedef float (*lm_read_fn)(const float *p, int64_t n);
 /* What each ISA unit exports: its segment kernels indexed by dtype (NULL
  * where the unit has none; f64 always runs the scalar unit) and its read
  * pass. */
-/* The softcap of one value as a unit's float lanes compute it. */
-typedef double (*lm_cap_fn)(double x, double c);
-
 typedef struct {
     lm_segment_fn kernels[LM_NDTYPES];
     lm_read_fn read;
-    lm_cap_fn cap; /* for its 16- and 32-bit kernels; float64 uses lm_softcap */
 } lm_unit;
 
 extern const lm_unit lm_unit_scalar;

@@ -5,4 +5,4 @@
 
 const lm_unit lm_unit_avx2 = {
     {[LM_F32] = segment_avx2_f32, [LM_F16] = segment_avx2_f16, [LM_BF16] = segment_avx2_bf16},
-    read_avx2_f32, cap_avx2_f32};
+    read_avx2_f32};

@@ -5,4 +5,4 @@
 
 const lm_unit lm_unit_neon = {
     {[LM_F32] = segment_neon_f32, [LM_F16] = segment_neon_f16, [LM_BF16] = segment_neon_bf16},
-    read_neon_f32, cap_neon_f32};
+    read_neon_f32};

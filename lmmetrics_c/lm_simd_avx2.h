@@ -16,6 +16,8 @@ typedef float LMV_LANE;
 #define lmv_fma _mm256_fmadd_ps
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define lmv_max _mm256_max_ps
+/* a < b ? a : b: a NaN in b survives */
+#define lmv_min _mm256_min_ps
 #define lmv_store _mm256_storeu_ps
 #define lmv_loadu _mm256_loadu_ps
 #define lmv_abs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)

@@ -16,6 +16,8 @@ typedef float LMV_LANE;
 #define lmv_fma _mm512_fmadd_ps
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define lmv_max _mm512_max_ps
+/* a < b ? a : b: a NaN in b survives */
+#define lmv_min _mm512_min_ps
 #define lmv_store _mm512_storeu_ps
 #define lmv_loadu _mm512_loadu_ps
 #define lmv_abs(x) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x),  \

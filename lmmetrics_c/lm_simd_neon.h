@@ -21,6 +21,8 @@ typedef float LMV_LANE;
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped (as x86's
  * max; NEON's own vmaxq_f32 would return a NaN from either side) */
 #define lmv_max(a, b) vbslq_f32(vcgtq_f32(a, b), a, b)
+/* a < b ? a : b: a NaN in b survives */
+#define lmv_min(a, b) vbslq_f32(vcltq_f32(a, b), a, b)
 #define lmv_store vst1q_f32
 #define lmv_abs vabsq_f32
 #define lmv_copysign(mag, s) vbslq_f32(vdupq_n_u32(0x80000000u), s, mag)

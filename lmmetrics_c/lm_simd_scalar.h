@@ -11,6 +11,7 @@
 #undef lmv_div
 #undef lmv_fma
 #undef lmv_max
+#undef lmv_min
 #undef lmv_store
 #undef lmv_abs
 #undef lmv_copysign
@@ -52,6 +53,7 @@ static inline float lm_pow2q(float t) {
 #endif
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define lmv_max(a, b) ((a) > (b) ? (a) : (b))
+#define lmv_min(a, b) ((a) < (b) ? (a) : (b))
 #define lmv_store(p, v) (*(p) = (v))
 #define lmv_loadu(p) (*(p))
 #define lmv_abs(x) ((LMV_LANE)fabs(x))
