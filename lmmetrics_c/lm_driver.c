@@ -353,6 +353,39 @@ static void lm_totals(const lm_job *j) {
     if (j->n_counted) *j->n_counted = k;
 }
 
+/* Interrupt polling inside a parallel region: thread 0 (the thread that
+ * called lm_run, which may call back into its caller) asks
+ * job->interrupted after every `every` work items of its own; `stop` is
+ * read by every thread before each item. */
+typedef struct {
+    const lm_job *job;
+    int64_t every, done; /* done: thread 0's items since it last asked */
+    int stop;
+} lm_poll;
+
+static int lm_stopped(lm_poll *p) {
+    int v;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+    v = p->stop;
+    return v;
+}
+
+static void lm_poll_step(lm_poll *p) {
+#ifdef _OPENMP
+    if (omp_get_thread_num() != 0) return;
+#endif
+    if (!p->job->interrupted || ++p->done < p->every) return;
+    p->done = 0;
+    if (p->job->interrupted(p->job->interrupt_arg)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+        p->stop = 1;
+    }
+}
+
 /* the cost of an element of the job relative to LM_CHECK_WORK's unit:
  * libm's exp (float64) and a softcap take longer, a reference doubles it */
 static int64_t lm_cost(const lm_job *j) {
@@ -391,27 +424,24 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     status = (unsigned char *)calloc((size_t)n, 1);
     if (!status) return LM_ERR_NOMEM;
 
-    /* The work goes in chunks (rows, or segments of rows) of about
-     * LM_CHECK_WORK elements a thread; between chunks the job may be
-     * interrupted, and a chunk with a bad row ends it (chunks run in row
-     * order, so that row is still the first bad one). How rows are cut
-     * into chunks changes no result. */
+    /* One parallel region: the calling thread (thread 0) asks
+     * job->interrupted every LM_CHECK_WORK elements of its own work, and
+     * once it says stop every thread skips what is left (lm_poll). */
     if (nt > 1 && n < nt && x.nseg > 1) {
         /* few long rows: split them into segments across threads */
-        int64_t items = n * x.nseg, per = LM_CHECK_WORK * nt / LM_SEGMENT / lm_cost(j);
+        int64_t items = n * x.nseg;
+        lm_poll poll = {j, LM_CHECK_WORK / LM_SEGMENT / lm_cost(j), 0, 0};
         lm_state *sts = (lm_state *)malloc((size_t)items * sizeof(lm_state));
         if (!sts) { free(status); return LM_ERR_NOMEM; }
-        if (per < nt) per = nt;
-        for (int64_t k0 = 0; k0 < items && !err; k0 += per) {
-            int64_t k1 = k0 + per < items ? k0 + per : items;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-            for (int64_t k = k0; k < k1; k++) {
-                if (lm_counted(j, k / x.nseg)) lm_segment(&x, k / x.nseg, k % x.nseg, &sts[k]);
-            }
-            if (k1 < items && j->interrupted && j->interrupted(j->interrupt_arg)) err = LM_INTERRUPTED;
+        for (int64_t k = 0; k < items; k++) {
+            if (lm_stopped(&poll)) continue;
+            if (lm_counted(j, k / x.nseg)) lm_segment(&x, k / x.nseg, k % x.nseg, &sts[k]);
+            lm_poll_step(&poll);
         }
+        if (poll.stop) err = LM_INTERRUPTED;
         for (int64_t i = 0; i < n && !err; i++) {
             lm_state *acc = &sts[i * x.nseg];
             if (!lm_counted(j, i)) { lm_skip(j, i); continue; }
@@ -420,21 +450,17 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         }
         free(sts);
     } else {
-        int64_t per = LM_CHECK_WORK * nt / (j->n_cols * lm_cost(j));
-        if (per < nt) per = nt;
-        for (int64_t i0 = 0; i0 < n && !err; i0 += per) {
-            int64_t i1 = i0 + per < n ? i0 + per : n;
-            int ntc = i1 - i0 < nt ? (int)(i1 - i0) : nt;
-            (void)ntc;
+        lm_poll poll = {j, LM_CHECK_WORK / (j->n_cols * lm_cost(j)), 0, 0};
+        if (nt > n) nt = (int)n;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(ntc) schedule(static) if (ntc > 1)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
 #endif
-            for (int64_t i = i0; i < i1; i++) status[i] = (unsigned char)lm_whole_row(&x, i);
-            for (int64_t i = i0; i < i1; i++) {
-                if (status[i]) { err = status[i]; *bad_row = i; break; }
-            }
-            if (!err && i1 < n && j->interrupted && j->interrupted(j->interrupt_arg)) err = LM_INTERRUPTED;
+        for (int64_t i = 0; i < n; i++) {
+            if (lm_stopped(&poll)) continue;
+            status[i] = (unsigned char)lm_whole_row(&x, i);
+            lm_poll_step(&poll);
         }
+        if (poll.stop) err = LM_INTERRUPTED;
     }
     for (int64_t i = 0; i < n && !err; i++) {
         if (status[i]) { err = status[i]; *bad_row = i; }
