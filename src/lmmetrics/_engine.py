@@ -199,7 +199,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     else:
         if ref is not None:
             lg, ref = _same_layout(lg, ref)
-        nll_sum, n_counted = _native(lg, ref, out, slice(0, lg.n_rows), cap, threads)
+        nll_sum, n_counted = _native(lg, ref, out, None, cap, threads)
     if out.targets is not None:
         out.n_counted = n_counted
     out.nll_sum = nll_sum
@@ -232,9 +232,6 @@ def _results(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, 
     return out
 
 
-_OUTPUTS = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
-
-
 def _fsum(values: npt.NDArray[np.float64]) -> float:
     """The correctly rounded sum of non-negative values (NLL): inf where it
     overflows (math.fsum raises there)."""
@@ -244,22 +241,30 @@ def _fsum(values: npt.NDArray[np.float64]) -> float:
         return math.inf
 
 
-def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: slice, cap: float,
+def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: Optional[slice], cap: float,
             threads: int) -> Tuple[float, int]:
-    """The native core over rows ``rows`` of out (lg and ref describe just
-    those rows): fills out's arrays there; returns (NLL sum, rows counted)."""
-    tgt = None if out.targets is None else out.targets[rows]
-    parts: Dict[str, Optional[npt.NDArray[Any]]] = {
-        k: None if getattr(out, k) is None else getattr(out, k)[rows] for k in _OUTPUTS}
+    """The native core over rows ``rows`` of out (None: all; lg and ref
+    describe just those rows): fills out's arrays there; returns (NLL sum,
+    rows counted)."""
+    def part(a: Optional[_A]) -> Optional[_A]:  # a[rows] keeps the array type
+        """an output (or the targets) over just these rows"""
+        return a if a is None or rows is None else a[rows]  # type: ignore[return-value]
+
+    tgt = part(out.targets)
+    first = 0 if rows is None else rows.start
     status, bad, nll_sum, n_counted = _core.run(
         dtype=lg.dtype_code, n_rows=lg.n_rows, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
         logits=(lg.ptr, lg.row_stride, lg.outer_stride),
         reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
-        targets=tgt, ignore_index=out.ignore_index, softcap=cap, num_threads=threads, **parts)
+        targets=tgt, ignore_index=out.ignore_index, softcap=cap, num_threads=threads,
+        nll=part(out.nll), entropy=part(out.entropy), argmax=part(out.argmax), kl=part(out.kl),
+        ref_argmax=part(out.ref_argmax), ref_nll=part(out.ref_nll))
+    if not status:
+        return nll_sum, n_counted
     if status == Status.LM_ERR_TARGET and tgt is not None:
-        raise target_error(int(tgt[bad]), rows.start + bad, lg.n_cols, out.lead_shape)
+        raise target_error(int(tgt[bad]), first + bad, lg.n_cols, out.lead_shape)
     if status in ROW_STATUSES:
-        raise row_error(status, rows.start + bad, out.lead_shape)
+        raise row_error(status, first + bad, out.lead_shape)
     if status == Status.LM_ERR_NOMEM:
         raise MemoryError("lmmetrics: the native core could not allocate its work buffers")
     if status != Status.LM_OK:
