@@ -15,6 +15,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Tuple
 
+from ._errors import InputError
+
 if TYPE_CHECKING:
     import torch
 
@@ -98,19 +100,28 @@ def bench_cuda(tokens: int = 2048, vocab: int = 128256, dtypes: Iterable[str] = 
                few_rows: int = 8, device: Optional[str] = None, print_fn: Callable[[str], object] = print) -> int:
     """Print the table; 0 when every summed NLL is within 1e-6 (relative) of
     a float64 reference, else 1. ``device`` defaults to ``"cuda"`` (a CPU
-    device only makes sense under ``TRITON_INTERPRET=1``, for tests)."""
-    import torch
-    import torch.nn.functional as F
-
-    import triton
-
-    from . import _triton
-    from .evaluation import evaluate
-    from .metrics import cross_entropy
+    device only makes sense under ``TRITON_INTERPRET=1``, for tests).
+    Raises InputError (the command's one-line error) without torch, without
+    a CUDA device or without triton."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        raise InputError("--device cuda needs torch (with CUDA)") from None
 
     dev = torch.device(device or "cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("lmmetrics bench: --device cuda, but torch sees no CUDA device")
+        raise InputError("--device cuda, but torch sees no CUDA device")
+    try:
+        import triton
+
+        from . import _triton
+    except ImportError as e:
+        raise InputError(f"--device cuda needs triton (pip install triton): {e}") from None
+
+    from .evaluation import evaluate
+    from .metrics import cross_entropy
+
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
     print_fn(f"lmmetrics bench: CUDA path on {name}; triton {triton.__version__}, tile {_triton.TILE}, "
              f"{_triton.NUM_WARPS} warps")
