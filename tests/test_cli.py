@@ -133,3 +133,48 @@ def test_demo_info_and_bench():
     assert "isa" in run("info").stdout.lower()
     out = run("bench", "--tokens", 16, "--vocab", 1000, "--repeat", 1).stdout
     assert "relative error" in out and "read-only pass" in out
+
+
+def _bench_error(env_extra):
+    """lmmetrics bench --device cuda (tiny) with env_extra set: its result."""
+    cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "lmmetrics"]
+    env = dict(os.environ, **env_extra)
+    return subprocess.run(cmd + ["bench", "--device", "cuda", "--tokens", "4", "--vocab", "64", "--repeat", "1"],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def _assert_one_line_exit_2(res, needle):
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.stderr.startswith("lmmetrics bench: error: ") and needle in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bench_cuda_without_cuda_is_one_line_exit_2():
+    """No CUDA device visible (CUDA_VISIBLE_DEVICES empty, so on a GPU
+    machine too): the CUDA bench refuses with one line and status 2."""
+    pytest.importorskip("torch")
+    _assert_one_line_exit_2(_bench_error({"CUDA_VISIBLE_DEVICES": ""}), "no CUDA device")
+
+
+def test_bench_cuda_without_torch_is_one_line_exit_2(tmp_path):
+    """torch not importable (a stand-in that raises ImportError first on the
+    path): one line, status 2."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    path = os.pathsep.join([str(fake)] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                          if p])
+    _assert_one_line_exit_2(_bench_error({"PYTHONPATH": path}), "needs torch")
+
+
+def test_bench_cuda_without_triton_raises_input_error(monkeypatch):
+    """triton not importable: InputError (main's one line and status 2), not
+    SystemExit or a traceback. (On a CPU device, which only the interpreted
+    tests use, since the CLI checks for a CUDA device first.)"""
+    pytest.importorskip("torch")
+    from lmmetrics._bench_cuda import bench_cuda
+    from lmmetrics._errors import InputError
+
+    monkeypatch.setitem(sys.modules, "triton", None)
+    with pytest.raises(InputError, match="needs triton"):
+        bench_cuda(4, 64, ("float32",), 1, device="cpu", print_fn=lambda s: None)

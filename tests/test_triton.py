@@ -396,7 +396,7 @@ def group_layouts_and_api():
     res = torch.zeros(7, 4, dtype=torch.float64)
     with np.errstate(all="ignore"):
         _triton._launch(_cuda.describe(zi), None, torch.where(ti >= 0, ti, -1), res, states, 4, 3, 256,
-                        True, False, True, True, 0.0)
+                        False, True, True, 0.0)
     assert states[:, :, [1, 3]].isnan().all() and not states[:5, :, [0, 2]].isnan().any()
     np.testing.assert_allclose(res[1].numpy(), ref_nll(zi.double().numpy(), ti.numpy()), atol=TOL, rtol=TOL)
     # the public functions

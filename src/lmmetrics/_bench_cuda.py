@@ -13,18 +13,30 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Tuple
+
+from ._errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
-_read = None
+_read: Any = None  # the jitted read_max (a triton JITFunction), once built
+
+#: best seconds of a callable over the repetitions, and the peak GPU memory
+#: above what was allocated before it (None off CUDA)
+Measure = Callable[[Callable[[], object]], Tuple[float, Optional[int]]]
 
 
-def _read_kernel():
+def _read_kernel() -> Any:
     import triton
     import triton.language as tl
 
+    # (parameters: tl.tensor or tl.constexpr, never Python types, which
+    # triton would read as the arguments' types)
     @triton.jit
-    def read_max(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    def read_max(x_ptr: tl.tensor, out_ptr: tl.tensor, n: tl.tensor, BLOCK: tl.constexpr,
+                 ITERS: tl.constexpr) -> None:
         """Each program: the max of ITERS * BLOCK consecutive elements."""
         pid = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -37,7 +49,8 @@ def _read_kernel():
     return read_max
 
 
-def read_pass(x, out=None, block: int = 4096, iters: Optional[int] = None):
+def read_pass(x: torch.Tensor, out: Optional[torch.Tensor] = None, block: int = 4096,
+              iters: Optional[int] = None) -> torch.Tensor:
     """A read-only pass over x (contiguous): per-program maxima (the
     speed limit a one-read kernel can reach on this device). Each program
     reads iters blocks; by default as many as leave a few thousand programs
@@ -59,12 +72,12 @@ def read_pass(x, out=None, block: int = 4096, iters: Optional[int] = None):
     return out
 
 
-def _timer(device, repeat: int) -> Callable[[Callable[[], object]], Tuple[float, Optional[int]]]:
+def _timer(device: torch.device, repeat: int) -> Measure:
     import torch
 
     cuda = device.type == "cuda"
 
-    def measure(fn):
+    def measure(fn: Callable[[], object]) -> Tuple[float, Optional[int]]:
         fn()  # warm up (compiles)
         if cuda:
             torch.cuda.synchronize(device)
@@ -84,22 +97,31 @@ def _timer(device, repeat: int) -> Callable[[Callable[[], object]], Tuple[float,
 
 
 def bench_cuda(tokens: int = 2048, vocab: int = 128256, dtypes: Iterable[str] = DTYPES, repeat: int = 5,
-               few_rows: int = 8, device: Optional[str] = None, print_fn=print) -> int:
+               few_rows: int = 8, device: Optional[str] = None, print_fn: Callable[[str], object] = print) -> int:
     """Print the table; 0 when every summed NLL is within 1e-6 (relative) of
     a float64 reference, else 1. ``device`` defaults to ``"cuda"`` (a CPU
-    device only makes sense under ``TRITON_INTERPRET=1``, for tests)."""
-    import torch
-    import torch.nn.functional as F
-
-    import triton
-
-    from . import _triton
-    from .evaluation import evaluate
-    from .metrics import cross_entropy
+    device only makes sense under ``TRITON_INTERPRET=1``, for tests).
+    Raises InputError (the command's one-line error) without torch, without
+    a CUDA device or without triton."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        raise InputError("--device cuda needs torch (with CUDA)") from None
 
     dev = torch.device(device or "cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("lmmetrics bench: --device cuda, but torch sees no CUDA device")
+        raise InputError("--device cuda, but torch sees no CUDA device")
+    try:
+        import triton
+
+        from . import _triton
+    except ImportError as e:
+        raise InputError(f"--device cuda needs triton (pip install triton): {e}") from None
+
+    from .evaluation import evaluate
+    from .metrics import cross_entropy
+
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
     print_fn(f"lmmetrics bench: CUDA path on {name}; triton {triton.__version__}, tile {_triton.TILE}, "
              f"{_triton.NUM_WARPS} warps")

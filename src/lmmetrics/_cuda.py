@@ -140,7 +140,8 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
     _compute_torch(lg, ref, out, ignore_index, cap)
 
 
-def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out, ignore_index: int, cap: float) -> None:
+def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int,
+                   cap: float) -> None:
     import torch
 
     dev = lg.keep.device

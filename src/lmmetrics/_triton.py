@@ -26,9 +26,9 @@ torch path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from types import SimpleNamespace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,13 @@ import triton.language as tl
 
 from ._errors import Status, row_error
 from ._inputs import row_blocks
+from ._types import F64Array, I64Array
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._cuda import CudaLogits
+    from ._engine import RowResults
 
 # Elements of a row a tile holds: the results depend on it (and only on it).
 TILE = 2048
@@ -61,9 +68,16 @@ _O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL = (tl.constexpr(k) f
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+# The jitted functions are annotated with triton.language names only:
+# tl.tensor (a value, a pointer or a scalar argument inside the kernel),
+# tl.constexpr (a compile-time constant), tl.tuple (several values). Never
+# int / float / bool: triton reads those as the argument's type (i32, fp32,
+# u1) and stops specialising on it; nor typing's names: triton's dependency
+# scan of a kernel (its cache key) refuses them.
+
 
 @triton.jit
-def _tanh(u):
+def _tanh(u: tl.tensor) -> tl.tensor:
     """tanh from tl operations (libdevice is not in the interpreter): an odd
     polynomial (Taylor to u^11, error < 1e-9) below |u| = 0.3, else
     1 - 2 / (e^(2|u|) + 1); +-inf give +-1, NaN stays NaN."""
@@ -80,7 +94,7 @@ def _tanh(u):
 
 
 @triton.jit
-def _any_bits(fl, axis, NBITS: tl.constexpr):
+def _any_bits(fl: tl.tensor, axis: tl.constexpr, NBITS: tl.constexpr) -> tl.tensor:
     """The OR of the flags along axis (a max a bit: the interpreter runs a
     custom combine function element by element)."""
     acc = tl.max(fl & 1, axis)
@@ -90,8 +104,8 @@ def _any_bits(fl, axis, NBITS: tl.constexpr):
 
 
 @triton.jit
-def _side(x, mask, offs, cap, inv_cap, inv_lo, CAPPED: tl.constexpr, WANT_T: tl.constexpr,
-          WANT_AM: tl.constexpr):
+def _side(x: tl.tensor, mask: tl.tensor, offs: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor,
+          CAPPED: tl.constexpr, WANT_T: tl.constexpr, WANT_AM: tl.constexpr) -> tl.tuple:
     """One side of a tile: values with NaN as -inf, max, shift, e, s, t,
     first argmax, and the lanes holding NaN and +inf (t and the argmax are 0
     when not wanted)."""
@@ -120,9 +134,10 @@ def _side(x, mask, offs, cap, inv_cap, inv_lo, CAPPED: tl.constexpr, WANT_T: tl.
 
 
 @triton.jit
-def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_tiles, per_prog,
-           cap, inv_cap, inv_lo, TILE: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr,
-           WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr):
+def _tiles(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.tensor, n_rows: tl.tensor,
+           n_cols: tl.tensor, z_stride: tl.tensor, r_stride: tl.tensor, n_tiles: tl.tensor, per_prog: tl.tensor,
+           cap: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor, TILE: tl.constexpr, HAS_TGT: tl.constexpr,
+           HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr) -> None:
     """The states of tiles [first, first + per_prog) of a row (see the
     module's docstring); program (row, j) starts at tile j * per_prog."""
     row = tl.program_id(0).to(tl.int64)
@@ -172,7 +187,7 @@ def _tiles(z_ptr, r_ptr, tgt_ptr, st_ptr, n_rows, n_cols, z_stride, r_stride, n_
 
 
 @triton.jit
-def _capped64(v, cap, CAPPED: tl.constexpr):
+def _capped64(v: tl.tensor, cap: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
     """A target's logit, capped in float64 (divided by the cap, which is
     exact in float32 for the usual caps, rather than times 1 / c)."""
     v = v.to(tl.float64)
@@ -182,9 +197,11 @@ def _capped64(v, cap, CAPPED: tl.constexpr):
 
 
 @triton.jit
-def _merge(st_ptr, z_ptr, r_ptr, tgt_ptr, out_ptr, n_rows, row0, n_total, n_tiles, z_stride, r_stride,
-           cap, inv_cap, TILE: tl.constexpr, ROWS: tl.constexpr, NT: tl.constexpr,
-           HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, CAPPED: tl.constexpr):
+def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, out_ptr: tl.tensor,
+           n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_tiles: tl.tensor, z_stride: tl.tensor,
+           r_stride: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, TILE: tl.constexpr, ROWS: tl.constexpr,
+           NT: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr,
+           CAPPED: tl.constexpr) -> None:
     """Per-row values from the tile states of ROWS rows, combined in float64
     by a fixed reduction over the tiles (NT: n_tiles to a power of 2)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -268,7 +285,7 @@ _tile = TILE
 _per_prog: Optional[int] = None
 
 
-def _programs_per_row(n_rows: int, n_tiles: int, device) -> int:
+def _programs_per_row(n_rows: int, n_tiles: int, device: torch.device) -> int:
     """Tiles a program takes: whole rows when there are rows enough to fill
     the device several times over, else runs short enough that the
     programs do (few long rows). Changes no result."""
@@ -290,7 +307,7 @@ class LaunchError(RuntimeError):
     to the torch path)."""
 
 
-def usable(lg, ref) -> bool:
+def usable(lg: CudaLogits, ref: Optional[CudaLogits]) -> bool:
     """Whether the Triton path takes these logits: 16- and 32-bit floats
     whose vocabulary axis is contiguous."""
     if lg.dtype not in ("float32", "bfloat16", "float16") or lg.n_cols > _MAX_TILES * _tile:
@@ -298,7 +315,7 @@ def usable(lg, ref) -> bool:
     return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in ([lg] if ref is None else [lg, ref]))
 
 
-def compute(lg, ref, out, ignore_index: int, cap: float) -> None:
+def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
     """Fill out's per-row arrays (numpy, on the host) from the tensors."""
     import torch
 
@@ -309,10 +326,8 @@ def compute(lg, ref, out, ignore_index: int, cap: float) -> None:
     V = lg.n_cols
     tile = _tile
     n_tiles = (V + tile - 1) // tile
-    has_tgt = out.targets is not None
-    tgt_all = None
-    if has_tgt:
-        tgt_all = torch.from_numpy(np.where(out.counted, out.targets, -1)).to(dev)
+    targets = out.targets
+    tgt_all = None if targets is None else torch.from_numpy(np.where(out.counted, targets, -1)).to(dev)
     want_ent = out.entropy is not None
     want_amax = out.argmax is not None
     has_ref = ref is not None
@@ -324,16 +339,16 @@ def compute(lg, ref, out, ignore_index: int, cap: float) -> None:
         # the interpreter's numpy sees -inf - -inf in masked lanes
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext(), \
                 np.errstate(all="ignore"):
-            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap)
+            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_ref, want_ent, want_amax, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
     host = res.cpu().numpy()  # the one synchronisation
     _finish(host, lg, ref, out, cap, tgt_all)
 
 
-def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_ref, want_ent, want_amax, cap):
-    from . import _cuda
-
+def _launch(lg: CudaLogits, ref: Optional[CudaLogits], tgt_all: Optional[torch.Tensor], res: torch.Tensor,
+            states: torch.Tensor, group: int, n_tiles: int, tile: int, has_ref: bool, want_ent: bool, want_amax: bool,
+            cap: float) -> None:
     dev = lg.keep.device
     n = lg.n_rows
     V = lg.n_cols
@@ -349,23 +364,24 @@ def _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_tgt, has_re
             rows = min(group, nb - a)
             z = zb[a:a + rows]
             r = rb_[a:a + rows]
-            tg = tgt_all[pos + a:pos + a + rows] if has_tgt else z
+            tg = tgt_all[pos + a:pos + a + rows] if tgt_all is not None else z
             st = states[:, :, :rows] if rows == states.shape[2] else \
                 states.view(-1)[: _NFIELDS * n_tiles * rows].view(_NFIELDS, n_tiles, rows)
             per = _programs_per_row(rows, n_tiles, dev)
             grid = (rows, (n_tiles + per - 1) // per)
             _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
-                         capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=has_tgt, HAS_REF=has_ref,
+                         capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=tgt_all is not None, HAS_REF=has_ref,
                          WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
             mrows = max(1, min(16, _MERGE_ELEMS // nt))
             _merge[((rows + mrows - 1) // mrows,)](
                 st, z, r, tg, res, rows, pos + a, n, n_tiles, z.stride(0), r.stride(0),
-                capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=has_tgt,
+                capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=tgt_all is not None,
                 HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
         pos += nb
 
 
-def _finish(host, lg, ref, out, cap, tgt_all) -> None:
+def _finish(host: F64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
+            tgt_all: Optional[torch.Tensor]) -> None:
     """Raise for the first bad counted row, take the per-row values, and do
     the rows the pass cannot certify (+inf, KL cross terms beyond float)
     again by the exact torch path."""
@@ -388,7 +404,16 @@ def _finish(host, lg, ref, out, cap, tgt_all) -> None:
         _exact_rows(slow, lg, ref, out, cap, tgt_all)
 
 
-def _exact_rows(idx: np.ndarray, lg, ref, out, cap: float, tgt_all) -> None:
+_A = TypeVar("_A", F64Array, I64Array)
+
+
+def _empty_part(a: Optional[_A], n: int) -> Optional[_A]:
+    """n rows of a's dtype, or None when a is None (not wanted)."""
+    return None if a is None else np.empty(n, a.dtype)
+
+
+def _exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
+                tgt_all: Optional[torch.Tensor]) -> None:
     """The rows idx again by the torch path's exact computation, a bounded
     number of rows at a time."""
     import torch
@@ -398,23 +423,27 @@ def _exact_rows(idx: np.ndarray, lg, ref, out, cap: float, tgt_all) -> None:
     dev = lg.keep.device
     z2 = _flat(lg.keep)
     r2 = None if ref is None else _flat(ref.keep)
-    names = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
     step = max(1, _cuda._chunk_bytes // (lg.n_cols * 4 * 12))
     for a in range(0, idx.size, step):
         part = idx[a:a + step]
         sel = torch.from_numpy(part).to(dev)
-        sub = SimpleNamespace(**{k: None if getattr(out, k) is None else np.empty(part.size, getattr(out, k).dtype)
-                                 for k in names})
+        n = part.size
+        # those rows' results: out's settings, arrays of n rows where out has them
+        sub = dataclasses.replace(out, lead_shape=(n,), targets=None if out.targets is None else out.targets[part],
+                                  nll=_empty_part(out.nll, n), entropy=_empty_part(out.entropy, n),
+                                  argmax=_empty_part(out.argmax, n), kl=_empty_part(out.kl, n),
+                                  ref_argmax=_empty_part(out.ref_argmax, n), ref_nll=_empty_part(out.ref_nll, n))
         tgt = None if tgt_all is None else tgt_all[sel]
         _cuda._chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel), tgt,
                            torch.ones(part.size, dtype=torch.bool, device=dev), sub, 0, part.size,
                            cap, lg.lead_shape)
-        for k in names:
-            if getattr(sub, k) is not None:
-                getattr(out, k)[part] = getattr(sub, k)
+        for k in ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll"):
+            rows = getattr(sub, k)
+            if rows is not None:
+                getattr(out, k)[part] = rows
 
 
-def _flat(x):
+def _flat(x: torch.Tensor) -> torch.Tensor:
     """x as (rows, V) when that is a view, else x itself (rows then are
     taken by their multi-index): never a copy of the whole buffer."""
     if x.dim() == 1:
@@ -425,7 +454,7 @@ def _flat(x):
         return x
 
 
-def _take(x2, part, sel):
+def _take(x2: torch.Tensor, part: I64Array, sel: torch.Tensor) -> torch.Tensor:
     """Rows part of the flattened logits x2 (a copy of those rows only)."""
     if x2.dim() == 2:
         return x2.index_select(0, sel)

@@ -79,63 +79,18 @@ def _best(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
-def _bench_cuda(args: argparse.Namespace) -> int:
-    """lmmetrics on a CUDA tensor (torch in row chunks) against F.cross_entropy
-    on the same GPU: time, and extra memory above the input."""
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        raise InputError("--device cuda needs torch (with CUDA)") from None
-
-    from .evaluation import evaluate
-
-    if not torch.cuda.is_available():
-        raise InputError("--device cuda, but torch sees no CUDA device")
-    dtype = getattr(torch, args.dtype)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    z = (torch.randn(args.tokens, args.vocab, device="cuda", generator=g) * 3).to(dtype)
-    t = torch.randint(0, args.vocab, (args.tokens,), device="cuda", generator=g)
-    ref = sum(F.cross_entropy(z[i:i + 512].double(), t[i:i + 512], reduction="sum").item()
-              for i in range(0, args.tokens, 512))
-    total = cross_entropy(z, t, reduction="sum")
-    rel = abs(total - ref) / abs(ref)
-    print(f"lmmetrics bench: {args.tokens} x {args.vocab} {args.dtype} logits on {torch.cuda.get_device_name()} "
-          f"({z.numel() * z.element_size() / 1e9:.2f} GB)")
-    print(f"summed NLL {total:.6f}, float64 reference {ref:.6f}, relative error {rel:.1e}")
-
-    def measure(fn: Callable[[], object]) -> Tuple[float, int]:
-        fn()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        best = float("inf")
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
-        return best, torch.cuda.max_memory_allocated() - base
-
-    rows = [("torch F.cross_entropy(sum)", *measure(lambda: F.cross_entropy(z, t, reduction="sum").item())),
-            ("lmmetrics cross_entropy(sum)", *measure(lambda: cross_entropy(z, t, reduction="sum"))),
-            ("lmmetrics evaluate (nll+ent+acc)", *measure(lambda: evaluate(z, t)))]
-    print()
-    print(f"{'':34} {'time ms':>9} {'vs torch':>9} {'extra MiB':>10}")
-    for name, sec, mem in rows:
-        print(f"{name:34} {sec * 1e3:9.2f} {sec / rows[0][1]:8.2f}x {mem / 2**20:10.1f}")
-    return 0 if rel <= 1e-5 else 1
-
-
 def _bench(args: argparse.Namespace) -> int:
     if args.device == "cuda":
-        return _bench_cuda(args)
+        from ._bench_cuda import DTYPES, bench_cuda
+
+        return bench_cuda(args.tokens, args.vocab, DTYPES if args.dtype is None else (args.dtype,), args.repeat)
+    dtype = "float32" if args.dtype is None else args.dtype
     threads = args.threads or _core.max_threads()
-    z = _make_logits(args.tokens, args.vocab, args.dtype)
+    z = _make_logits(args.tokens, args.vocab, dtype)
     targets = np.random.default_rng(1).integers(0, args.vocab, args.tokens)
     nbytes = z.nbytes
     ptr = z.__array_interface__["data"][0]
-    print(f"lmmetrics bench: {args.tokens} x {args.vocab} {args.dtype} logits ({nbytes / 1e9:.2f} GB), "
+    print(f"lmmetrics bench: {args.tokens} x {args.vocab} {dtype} logits ({nbytes / 1e9:.2f} GB), "
           f"{threads} thread(s), SIMD path {_core.active_isa()}")
     total = cross_entropy(z, targets, reduction="sum", num_threads=threads)
     ref = _reference_sum(z, targets)
@@ -151,7 +106,7 @@ def _bench(args: argparse.Namespace) -> int:
     rows.append((f"read-only pass, {threads} threads", read, None))
     rows.append((f"lmmetrics, {threads} threads",
                  _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=threads), args.repeat), read))
-    torch_time = _torch_time(z, targets, args.dtype, threads, max(1, args.repeat // 2))
+    torch_time = _torch_time(z, targets, dtype, threads, max(1, args.repeat // 2))
     if torch_time is not None:
         rows.append((f"torch F.cross_entropy, {threads} threads", torch_time, None))
     print()
@@ -333,11 +288,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
     b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
     b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
-    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="logits dtype (default: float32 on cpu, each of the three on cuda)")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the OpenMP default)")
     b.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions, best kept (default 5)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: the native kernel (default); cuda: torch tensors on the GPU")
+                   help="cpu: the native kernel (default); cuda: the CUDA path (Triton, needs torch "
+                        "and triton) against a read-only pass and F.cross_entropy")
     args = parser.parse_args(argv)
     handlers: Dict[Optional[str], Callable[[argparse.Namespace], int]] = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
                 None: _demo}
