@@ -1,19 +1,14 @@
-"""Shared fixtures and the independent float64 reference the tests compare with."""
-import numpy as np
+"""pytest fixtures and hypothesis profiles; the shared references live in
+helpers.py beside this file."""
+import os
+import sys
+
 import pytest
-from scipy.special import log_softmax, logsumexp
 
-from lmmetrics import _core
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for `import helpers`
 
-try:
-    import ml_dtypes
-
-    BF16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
-    BF16 = None
-
-DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)] + ([BF16] if BF16 is not None else [])
-ISAS = [i for i in _core.ISAS if _core.isa_supported(i)]
+from lmmetrics import _core  # noqa: E402
+from helpers import ISAS  # noqa: E402
 
 
 @pytest.fixture(params=ISAS)
@@ -25,42 +20,6 @@ def isa(request):
     _core.set_isa(before)
 
 
-def ref_nll(logits, targets, ignore_index=-100):
-    """Per-position NLL in float64 from the values the kernel saw (scipy)."""
-    z = np.asarray(logits).astype(np.float64)
-    t = np.asarray(targets)
-    flat = z.reshape(-1, z.shape[-1])
-    tf = t.reshape(-1)
-    counted = (tf >= 0) & (tf != ignore_index)
-    out = np.zeros(tf.shape, np.float64)
-    rows = np.nonzero(counted)[0]
-    if rows.size:
-        lse = logsumexp(flat[rows], axis=1)
-        out[rows] = lse - flat[rows, tf[rows]]
-    return out.reshape(t.shape)
-
-
-def random_logits(rng, shape, dtype, scale=3.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-@np.errstate(invalid="ignore")
-def ref_entropy(z):
-    """-sum p log p per row in float64 (0 log 0 = 0)."""
-    lp = log_softmax(np.asarray(z).astype(np.float64), axis=-1)
-    p = np.exp(lp)
-    return -(np.where(p > 0, p * lp, 0.0)).sum(-1)
-
-
-@np.errstate(invalid="ignore")
-def ref_kl(r, z):
-    """KL(softmax(r) || softmax(z)) per row in float64."""
-    lr = log_softmax(np.asarray(r).astype(np.float64), axis=-1)
-    lz = log_softmax(np.asarray(z).astype(np.float64), axis=-1)
-    p = np.exp(lr)
-    return np.where(p > 0, p * (lr - lz), 0.0).sum(-1)
-
-
 # hypothesis profiles for the property suites (tests/test_fuzz.py; tests
 # with their own @settings, as test_properties.py, keep their counts):
 # "ci" (the default) runs up to 800 examples per property test: 3,200 fuzz
@@ -68,7 +27,6 @@ def ref_kl(r, z):
 # spaces exhausted (14 + 24), about a minute on 2 cores;
 # HYPOTHESIS_PROFILE=long runs up to 5,000 per test: 20,000 fuzz cases +
 # 5,000 shape-mismatch cases (+ the 38 exhaustive ones).
-import os  # noqa: E402
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 from scipy.special import log_softmax
 
 import lmmetrics
-from conftest import random_logits
+from helpers import random_logits
 
 
 def sigma_of_mean(x):

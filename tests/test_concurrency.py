@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from conftest import BF16
+from helpers import BF16
 
 torch = pytest.importorskip("torch")
 

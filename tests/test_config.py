@@ -9,7 +9,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _core
-from conftest import DTYPES, ISAS, random_logits
+from helpers import DTYPES, ISAS, random_logits
 
 
 def test_show_config(capsys):

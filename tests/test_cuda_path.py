@@ -12,7 +12,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _cuda, _engine, _inputs
-from conftest import ref_entropy, ref_kl, ref_nll
+from helpers import ref_entropy, ref_kl, ref_nll
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from conftest import DTYPES, random_logits, ref_entropy, ref_kl, ref_nll
+from helpers import DTYPES, random_logits, ref_entropy, ref_kl, ref_nll
 
 LN2 = math.log(2.0)
 

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 import lmmetrics
 from lmmetrics import _core
-from conftest import BF16
+from helpers import BF16
 
 torch = pytest.importorskip("torch")
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lmmetrics import _engine
-from conftest import DTYPES, random_logits, ref_entropy, ref_kl, ref_nll
+from helpers import DTYPES, random_logits, ref_entropy, ref_kl, ref_nll
 
 
 def _tol(dtype):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from conftest import random_logits, ref_nll
+from helpers import random_logits, ref_nll
 
 LN2 = math.log(2)
 

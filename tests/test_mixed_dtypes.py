@@ -7,7 +7,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _engine
-from conftest import BF16, ref_kl
+from helpers import BF16, ref_kl
 from test_compare import close, reference_stats
 from test_evaluate import check_metrics, expected_metrics
 

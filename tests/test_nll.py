@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from conftest import BF16, DTYPES, random_logits, ref_entropy, ref_nll
+from helpers import BF16, BF16_PARAM, DTYPES, random_logits, ref_entropy, ref_nll
 
 VOCABS = [1, 2, 15, 16, 17, 33, 50257]
 
@@ -130,7 +130,7 @@ def test_one_dimensional_logits_and_scalar_target():
     assert abs(float(got) - ref_nll(z, np.int64(2))) < 2e-6
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64] + ([BF16] if BF16 else []), ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16_PARAM], ids=str)
 def test_threads_give_identical_bits(isa, dtype):
     rng = np.random.default_rng(3)
     for shape in [(64, 5000), (1, 100000), (3, 70000)]:  # many rows; one long row split across threads

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import lmmetrics
-from conftest import ref_nll
+from helpers import ref_nll
 
 finite = st.floats(-50, 50, width=32)
 

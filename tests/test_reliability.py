@@ -10,7 +10,7 @@ import pytest
 from scipy.special import log_softmax, logsumexp
 
 import lmmetrics
-from conftest import BF16, ref_entropy, ref_kl
+from helpers import BF16, ref_entropy, ref_kl
 
 F32_MIN = float(np.finfo(np.float32).min)
 

@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import lmmetrics  # noqa: E402
-from conftest import BF16, ref_entropy, ref_kl, ref_nll  # noqa: E402
+from helpers import BF16, ref_entropy, ref_kl, ref_nll  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lmmetrics.__file__)))
