@@ -244,3 +244,15 @@ def test_bench_cuda_without_triton_raises_input_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)
     with pytest.raises(InputError, match="needs triton"):
         bench_cuda(4, 64, ("float32",), 1, device="cpu", print_fn=lambda s: None)
+
+
+def test_score_shift_pt_dump(files, tmp_path):
+    """A Hugging Face style dump (logits and unshifted labels in one .pt),
+    read memory-mapped as torch tensors."""
+    torch = pytest.importorskip("torch")
+    d, z, r, t, tb = files
+    lab = _hf_labels(t)
+    torch.save({"logits": torch.from_numpy(z), "labels": torch.from_numpy(lab)}, tmp_path / "dump.pt")
+    got = json.loads(run("score", tmp_path / "dump.pt", tmp_path / "dump.pt", "--key", "logits", "--shift",
+                         "--json", "--chunk-mb", 0.05).stdout)
+    check(got, lmmetrics.evaluate(z, lab, shift=True).as_dict())
