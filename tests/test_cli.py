@@ -97,6 +97,72 @@ def test_compare(files):
     assert "Mean    KLD" in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
 
 
+def _hf_labels(t):
+    """Unshifted labels as Hugging Face takes them: -100 on a prefix and on
+    some later positions."""
+    lab = t.copy()
+    lab[:, :3] = -100
+    lab[1, 10:14] = -100
+    return lab
+
+
+def _same_comparison(got, want):
+    assert got["tokens"] == want["tokens"]
+    for k in ("ppl", "ppl_ref", "ratio", "delta_ppl", "same_top", "rms_delta_p"):
+        assert got[k]["value"] == pytest.approx(want[k]["value"], rel=1e-9), k
+    assert got["kld"]["mean"]["value"] == pytest.approx(want["kld"]["mean"]["value"], rel=1e-9)
+    assert got["kld"]["percentiles"]["99%"] == pytest.approx(want["kld"]["percentiles"]["99%"], rel=1e-9)
+
+
+@pytest.mark.parametrize("chunk_mb", [0.004, 0.05, 0.25, 256])   # within a sequence, whole sequences, one chunk
+def test_score_shift_hf_labels(files, tmp_path, chunk_mb):
+    d, z, r, t, tb = files
+    lab = _hf_labels(t)
+    np.save(tmp_path / "lab.npy", lab)
+    got = json.loads(run("score", d / "z.npy", tmp_path / "lab.npy", "--shift", "--token-bytes", d / "tb.npy",
+                         "--json", "--chunk-mb", chunk_mb).stdout)
+    want = lmmetrics.evaluate(z, lab, token_bytes=tb, shift=True).as_dict()
+    check(got, want)
+    assert got["tokens"] == int(np.count_nonzero(lab[:, 1:] >= 0))
+    # the same as scoring the shifted view without --shift
+    check(got, lmmetrics.evaluate(z[:, :-1], lab[:, 1:], token_bytes=tb).as_dict())
+
+
+@pytest.mark.parametrize("chunk_mb", [0.004, 0.05, 0.25, 256])
+def test_compare_shift_softcap_token_bytes(files, tmp_path, chunk_mb):
+    d, z, r, t, tb = files
+    lab = _hf_labels(t)
+    np.save(tmp_path / "lab.npy", lab)
+    args = ("compare", d / "r.npy", d / "z.npy", tmp_path / "lab.npy", "--shift", "--softcap", 5,
+            "--token-bytes", d / "tb.npy", "--chunk-mb", chunk_mb)
+    got = json.loads(run(*args, "--json").stdout)
+    _same_comparison(got, lmmetrics.compare(z, lab, reference_logits=r, shift=True, softcap=5.0).as_dict())
+    assert got["bits_per_byte"] == pytest.approx(
+        lmmetrics.bits_per_byte(z, lab, tb, shift=True, softcap=5.0), rel=1e-9)
+    assert got["bits_per_byte_ref"] == pytest.approx(
+        lmmetrics.bits_per_byte(r, lab, tb, shift=True, softcap=5.0), rel=1e-9)
+    table = run(*args).stdout
+    line = [x for x in table.splitlines() if x.startswith("bits per byte (model / reference)")]
+    assert len(line) == 1 and line[0].endswith(f"{got['bits_per_byte']:.6f} / {got['bits_per_byte_ref']:.6f}")
+
+
+def test_compare_token_bytes_without_shift(files):
+    d, z, r, t, tb = files
+    got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--token-bytes", d / "tb.npy",
+                         "--json", "--chunk-mb", 0.02).stdout)
+    _same_comparison(got, lmmetrics.compare(z, t, reference_logits=r).as_dict())
+    assert got["bits_per_byte"] == pytest.approx(lmmetrics.bits_per_byte(z, t, tb), rel=1e-9)
+    assert got["bits_per_byte_ref"] == pytest.approx(lmmetrics.bits_per_byte(r, t, tb), rel=1e-9)
+    assert "bits per byte" not in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
+
+
+def test_shift_needs_a_sequence_axis(tmp_path):
+    np.save(tmp_path / "z.npy", np.zeros(5, np.float32))
+    np.save(tmp_path / "t.npy", np.zeros((), np.int64))
+    res = run("score", tmp_path / "z.npy", tmp_path / "t.npy", "--shift", ok=False)
+    assert res.returncode == 2 and "--shift needs logits shaped" in res.stderr
+
+
 @pytest.mark.parametrize("case,needle", [
     ("missing", "no such file"),
     ("format", "unsupported format"),
@@ -178,3 +244,15 @@ def test_bench_cuda_without_triton_raises_input_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)
     with pytest.raises(InputError, match="needs triton"):
         bench_cuda(4, 64, ("float32",), 1, device="cpu", print_fn=lambda s: None)
+
+
+def test_score_shift_pt_dump(files, tmp_path):
+    """A Hugging Face style dump (logits and unshifted labels in one .pt),
+    read memory-mapped as torch tensors."""
+    torch = pytest.importorskip("torch")
+    d, z, r, t, tb = files
+    lab = _hf_labels(t)
+    torch.save({"logits": torch.from_numpy(z), "labels": torch.from_numpy(lab)}, tmp_path / "dump.pt")
+    got = json.loads(run("score", tmp_path / "dump.pt", tmp_path / "dump.pt", "--key", "logits", "--shift",
+                         "--json", "--chunk-mb", 0.05).stdout)
+    check(got, lmmetrics.evaluate(z, lab, shift=True).as_dict())

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -18,9 +18,10 @@ from ._config import show_config
 from ._engine import check_positive_int
 from ._errors import InputError
 from ._files import load_array
+from ._inputs import as_table
 from ._types import I64Array
 from .comparison import comparison_from_tokens, token_values
-from .convert import LN2
+from .convert import LN2, bits_per_unit
 from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
 
@@ -159,19 +160,30 @@ def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets") -> npt.
     return np.asarray(t).reshape(-1)
 
 
+def _chunk_rows(vocab: int, itemsize: int, args: argparse.Namespace) -> int:
+    """Rows of logits in about --chunk-mb."""
+    return max(1, int(args.chunk_mb * 2**20) // (vocab * itemsize))
+
+
 def _chunks(n_rows: int, vocab: int, itemsize: int, args: argparse.Namespace) -> Iterable[Tuple[int, int]]:
-    """Row ranges of about --chunk-mb each, with a progress bar on stderr
-    (when it is a terminal and not --quiet)."""
-    step = max(1, int(args.chunk_mb * 2**20) // (vocab * itemsize))
-    ranges = [(a, min(n_rows, a + step)) for a in range(0, n_rows, step)]
+    """Row ranges of about --chunk-mb each, with a progress bar."""
+    step = _chunk_rows(vocab, itemsize, args)
+    return _progress([(a, min(n_rows, a + step)) for a in range(0, n_rows, step)], args)
+
+
+_T = TypeVar("_T")
+
+
+def _progress(items: List[_T], args: argparse.Namespace) -> Iterable[_T]:
+    """The items, with a progress bar on stderr (when it is a terminal and
+    not --quiet, with tqdm installed)."""
     if args.quiet or not sys.stderr.isatty():
-        return ranges
+        return items
     try:
         from tqdm import tqdm
     except ImportError:
-        return ranges
-    bar: Iterable[Tuple[int, int]] = tqdm(ranges, desc=f"lmmetrics {args.command}", unit="chunk",
-                                          file=sys.stderr)
+        return items
+    bar: Iterable[_T] = tqdm(items, desc=f"lmmetrics {args.command}", unit="chunk", file=sys.stderr)
     return bar
 
 
@@ -181,28 +193,96 @@ def _score(args: argparse.Namespace) -> int:
     t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
     tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
     ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
-                   num_threads=args.threads)
+                   shift=args.shift, num_threads=args.threads)
     ev.check_vocab(z.shape[1])  # a vocab / token_bytes mismatch fails before any work
-    for a, b in _chunks(z.shape[0], z.shape[1], _itemsize(z), args):
-        ev.update(z[a:b], t[a:b])
+    for zc, _, tc in _pieces(raw, None, t, 1, args):
+        ev.update(zc, tc)
     m = ev.compute()
     print(json.dumps(m.as_dict()) if args.json else m)
     return 0
 
 
+def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
+            args: argparse.Namespace) -> Iterable[Tuple[Any, Any, npt.NDArray[np.integer[Any]]]]:
+    """(logits, reference, targets) chunks of about --chunk-mb of logits
+    (``buffers`` logits arrays read together), views of the inputs.
+
+    Without --shift the logits are rows (N, V) and the targets (N,). With
+    --shift the sequence axis (the second-to-last) is kept: whole sequences
+    (k, T, V) at a time, or, when one sequence is over the chunk size, its
+    positions [a, e] (scoring a..e-1 against the targets a+1..e), each piece
+    for the library's ``shift=True``, which drops its last position."""
+    vocab = int(raw.shape[-1])
+    itemsize = buffers * _itemsize(raw)
+    if not args.shift:
+        z = raw.reshape(-1, vocab)
+        r = None if ref is None else ref.reshape(-1, vocab)
+        tf = t.reshape(-1)
+        for a, b in _chunks(z.shape[0], vocab, itemsize, args):
+            yield z[a:b], None if r is None else r[a:b], tf[a:b]
+        return
+    if len(raw.shape) < 2:
+        raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
+    steps = int(raw.shape[-2])
+    z3 = raw.reshape(-1, steps, vocab)
+    r3 = None if ref is None else ref.reshape(-1, steps, vocab)
+    t2 = t.reshape(-1, steps)
+    seqs = z3.shape[0]
+    per_seq = max(1, steps)
+    rows = _chunk_rows(vocab, itemsize, args)
+    pieces: List[Tuple[int, int, int, int]] = []  # (first seq, end seq, first pos, end pos)
+    if rows >= per_seq or steps < 2:
+        k = max(1, rows // per_seq)
+        pieces = [(s0, min(seqs, s0 + k), 0, steps) for s0 in range(0, seqs, k)]
+    else:
+        step = max(1, rows - 1)  # positions scored per piece; one more is read
+        pieces = [(s0, s0 + 1, a, min(steps, a + step + 1))
+                  for s0 in range(seqs) for a in range(0, steps - 1, step)]
+    for s0, s1, a, e in _progress(pieces, args):
+        yield (z3[s0:s1, a:e], None if r3 is None else r3[s0:s1, a:e], t2[s0:s1, a:e])
+
+
 def _compare(args: argparse.Namespace) -> int:
     raw = load_array(args.logits, "logits", args.key)
     z = _rows(raw, args.logits)
-    r = _rows(load_array(args.reference, "reference_logits", args.key), args.reference, z.shape[1])
+    ref = load_array(args.reference, "reference_logits", args.key)
+    r = _rows(ref, args.reference, z.shape[1])
     if r.shape[0] != z.shape[0]:
         raise InputError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
+    if args.shift and tuple(ref.shape) != tuple(raw.shape):
+        raise InputError(f"{args.reference} is shaped {tuple(ref.shape)}, {args.logits} "
+                         f"{tuple(raw.shape)} (--shift needs the same shape)")
     t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
+    table = None
+    if args.token_bytes:
+        table = as_table(load_array(args.token_bytes, "token_bytes"), z.shape[1], "token_bytes")
     parts = []
-    for a, b in _chunks(z.shape[0], z.shape[1], 2 * _itemsize(z), args):
-        parts.append(token_values(r[a:b], z[a:b], t[a:b], ignore_index=args.ignore_index,
-                                  num_threads=args.threads))
-    cmp = comparison_from_tokens(*(np.concatenate(p) for p in zip(*parts)))
-    print(json.dumps(cmp.as_dict()) if args.json else cmp)
+    counted_ids = []
+    for zc, rc, tc in _pieces(raw, ref, t, 2, args):
+        parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
+                                  softcap=args.softcap, num_threads=args.threads))
+        if table is not None:
+            ids = np.asarray(tc)[..., 1:] if args.shift else np.asarray(tc)
+            ids = ids.reshape(-1)
+            keep = ids >= 0 if args.ignore_index is None else (ids >= 0) & (ids != args.ignore_index)
+            counted_ids.append(ids[keep])
+    values = [np.concatenate(p) for p in zip(*parts)]
+    cmp = comparison_from_tokens(*values)
+    bpb: Optional[Tuple[float, float]] = None
+    if table is not None:
+        nbytes = table[np.concatenate(counted_ids)]
+        has = nbytes > 0
+        total = float(np.sum(nbytes))
+        bpb = (bits_per_unit(math.fsum(values[0][has]), total), bits_per_unit(math.fsum(values[1][has]), total))
+    if args.json:
+        d = cmp.as_dict()
+        if bpb is not None:
+            d["bits_per_byte"], d["bits_per_byte_ref"] = bpb
+        print(json.dumps(d))
+    else:
+        print(cmp)
+        if bpb is not None:
+            print(f"{'bits per byte (model / reference)':<32}: {bpb[0]:.6f} / {bpb[1]:.6f}")
     return 0
 
 
@@ -271,6 +351,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     files.add_argument("--quiet", action="store_true", help="no progress bar")
     files.add_argument("--threads", type=_positive_int, default=None,
                        help="threads (default: the OpenMP default)")
+    files.add_argument("--shift", action="store_true",
+                       help="unshifted (Hugging Face) targets: position t of the logits is scored against "
+                            "targets[..., t + 1], the last position of each sequence dropped")
     files.add_argument("--chunk-mb", type=_positive_float, default=256.0,
                        help="logits read per step, in MiB (default 256)")
     s = sub.add_parser("score", parents=[files], help="every metric of saved logits and targets",
@@ -285,6 +368,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("reference", metavar="REFERENCE_LOGITS")
     c.add_argument("logits")
     c.add_argument("targets")
+    c.add_argument("--token-bytes", help="file with the byte length of each token id (adds the bits per "
+                                         "byte of both models)")
+    c.add_argument("--softcap", type=float, default=None,
+                   help="apply c * tanh(z / c) to both logits first")
     b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
     b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
     b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
