@@ -121,10 +121,20 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     cdef double nll_sum = 0.0
     cdef int status
     cdef list raised = []
-    for name, view in (("targets", targets), ("nll", nll), ("entropy", entropy), ("argmax", argmax),
-                       ("kl", kl), ("ref_argmax", ref_argmax), ("ref_nll", ref_nll)):
-        if view is not None:
-            _check_length(name, len(view), n_rows)
+    if targets is not None:
+        _check_length("targets", targets.shape[0], n_rows)
+    if nll is not None:
+        _check_length("nll", nll.shape[0], n_rows)
+    if entropy is not None:
+        _check_length("entropy", entropy.shape[0], n_rows)
+    if argmax is not None:
+        _check_length("argmax", argmax.shape[0], n_rows)
+    if kl is not None:
+        _check_length("kl", kl.shape[0], n_rows)
+    if ref_argmax is not None:
+        _check_length("ref_argmax", ref_argmax.shape[0], n_rows)
+    if ref_nll is not None:
+        _check_length("ref_nll", ref_nll.shape[0], n_rows)
     job.dtype = dtype
     job.n_rows = n_rows
     job.n_cols = n_cols

@@ -173,13 +173,13 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         logits, targets, reference = shifted(logits, targets, reference)
     if (kl or ref_nll) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
-    asked = dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll)
     if is_cuda(logits) or is_cuda(reference):
         from . import _cuda
 
         c_lg = _cuda.describe(logits)
         c_ref = None if reference is None else _cuda.describe(reference, "reference_logits")
-        out = _results(c_lg, c_ref, targets, ignore, check_range=True, **asked)
+        out = _results(c_lg, c_ref, targets, ignore, check_range=True, nll=nll, entropy=entropy,
+                       argmax=argmax, kl=kl, ref_nll=ref_nll)
         if c_lg.n_rows == 0:
             return out
         _cuda.compute(c_lg, c_ref, out, ignore, cap)
@@ -190,7 +190,8 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         return out
     lg = as_logits(logits)
     ref = None if reference is None else as_logits(reference, "reference_logits")
-    out = _results(lg, ref, targets, ignore, check_range=False, **asked)
+    out = _results(lg, ref, targets, ignore, check_range=False, nll=nll, entropy=entropy,
+                   argmax=argmax, kl=kl, ref_nll=ref_nll)
     if lg.n_rows == 0:
         return out
     if ref is not None and ref.dtype != lg.dtype:
@@ -246,19 +247,16 @@ def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: Optional[s
     """The native core over rows ``rows`` of out (None: all; lg and ref
     describe just those rows): fills out's arrays there; returns (NLL sum,
     rows counted)."""
-    def part(a: Optional[_A]) -> Optional[_A]:  # a[rows] keeps the array type
-        """an output (or the targets) over just these rows"""
-        return a if a is None or rows is None else a[rows]  # type: ignore[return-value]
-
-    tgt = part(out.targets)
+    o = out if rows is None else _rows_of(out, rows)
+    tgt = o.targets
     first = 0 if rows is None else rows.start
     status, bad, nll_sum, n_counted = _core.run(
-        dtype=lg.dtype_code, n_rows=lg.n_rows, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
+        dtype=_core.DTYPES[lg.dtype], n_rows=lg.n_rows, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
         logits=(lg.ptr, lg.row_stride, lg.outer_stride),
         reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
         targets=tgt, ignore_index=out.ignore_index, softcap=cap, num_threads=threads,
-        nll=part(out.nll), entropy=part(out.entropy), argmax=part(out.argmax), kl=part(out.kl),
-        ref_argmax=part(out.ref_argmax), ref_nll=part(out.ref_nll))
+        nll=o.nll, entropy=o.entropy, argmax=o.argmax, kl=o.kl, ref_argmax=o.ref_argmax,
+        ref_nll=o.ref_nll)
     if not status:
         return nll_sum, n_counted
     if status == Status.LM_ERR_TARGET and tgt is not None:
@@ -270,6 +268,16 @@ def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: Optional[s
     if status != Status.LM_OK:
         raise RuntimeError(f"lmmetrics: internal error {status!r} in the native core")
     return nll_sum, n_counted
+
+
+def _rows_of(out: RowResults, rows: slice) -> RowResults:
+    """out's targets and outputs over just rows (views into out's arrays)"""
+    def part(a: Optional[_A]) -> Optional[_A]:
+        return a if a is None else a[rows]  # type: ignore[return-value]  # a view keeps the type
+
+    return replace(out, targets=part(out.targets), nll=part(out.nll), entropy=part(out.entropy),
+                   argmax=part(out.argmax), kl=part(out.kl), ref_argmax=part(out.ref_argmax),
+                   ref_nll=part(out.ref_nll))
 
 
 def _native_mixed(lg: Logits, ref: Logits, out: RowResults, cap: float, threads: int) -> int:
