@@ -234,3 +234,40 @@ def test_ctrl_c_stops_a_long_call_promptly_and_leaves_no_partial_state():
     waited = time.perf_counter() - t0
     assert ev.state_dict() == before
     assert waited < 0.2 + max(0.3, 0.5 * small), (waited, small * 16)
+
+
+def test_nll_only_evaluator_with_reference_logits():
+    """nll_only still gives the KL and the top-1 agreement with a reference."""
+    rng = np.random.default_rng(7)
+    z = rng.standard_normal((5, 40)).astype(np.float32)
+    r = (z + 0.3 * rng.standard_normal(z.shape)).astype(np.float32)
+    t = np.array([1, 2, -100, 3, 39])
+    ev = lmmetrics.Evaluator(nll_only=True)
+    ev.update(z, t, reference_logits=r)
+    m = ev.compute()
+    counted = t >= 0
+    assert abs(m.kl - ref_kl(r, z)[counted].mean()) < 2e-6
+    assert m.same_top == np.mean(z.argmax(1)[counted] == r.argmax(1)[counted])
+    assert math.isnan(m.accuracy)
+
+
+def test_rows_of_a_view_that_cannot_be_flattened(monkeypatch):
+    """row_blocks on numpy without reshape(copy=) (before 2.1) still views."""
+    from lmmetrics import _inputs
+
+    real = np.reshape
+
+    def old_reshape(a, shape, **kw):
+        if "copy" in kw:
+            raise TypeError("reshape() got an unexpected keyword argument 'copy'")
+        return real(a, shape)
+
+    monkeypatch.setattr(_inputs.np, "reshape", old_reshape)
+    z = np.random.default_rng(8).standard_normal((3, 4, 9)).astype(np.float32)
+    blocks = list(_inputs.row_blocks(z))
+    assert len(blocks) == 1 and np.shares_memory(blocks[0][0], z) and blocks[0][0].shape == (12, 9)
+    blocks = list(_inputs.row_blocks(z.transpose(1, 0, 2)))  # not one block: split along axis 0
+    assert len(blocks) == 4 and all(np.shares_memory(b, z) for b, _ in blocks)
+    r = z.astype(np.float16)
+    np.testing.assert_allclose(lmmetrics.token_kl(r, reference_logits=z),
+                               ref_kl(z, r.astype(np.float64)), atol=2e-6)

@@ -92,6 +92,13 @@ def _as_rows(x: Any) -> Optional[Any]:
         return np.reshape(x, (-1, x.shape[-1]), copy=False)
     except ValueError:
         return None
+    except TypeError:  # numpy < 2.1 has no copy=: assigning a view's shape never copies
+        v = x.view()
+        try:
+            v.shape = (-1, x.shape[-1])
+        except (AttributeError, ValueError):
+            return None
+        return v
 
 
 def row_blocks(z: Any, r: Any = None) -> Iterator[Tuple[Any, Any]]:

@@ -162,7 +162,7 @@ class Evaluator:
         full = not self.nll_only
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
-                          nll=True, entropy=full, argmax=full, kl=ref)
+                          nll=True, entropy=full, argmax=full or ref, kl=ref)
         table = self._table(res.n_cols)
         st = replace(self._state)
         self._add(st, res, table, ref)
