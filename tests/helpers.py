@@ -2,6 +2,12 @@
 dtypes and SIMD paths they run over. A plain module beside the tests
 (conftest.py puts this folder on sys.path, so that it imports the same way
 under pytest's prepend and importlib modes and in worker subprocesses)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from scipy.special import log_softmax, logsumexp
@@ -56,3 +62,25 @@ def ref_kl(r, z):
     lz = log_softmax(np.asarray(z).astype(np.float64), axis=-1)
     p = np.exp(lr)
     return np.where(p > 0, p * (lr - lz), 0.0).sum(-1)
+
+
+def run_gloo_workers(source, tmp_path, world=2, timeout=120):
+    """Run `source` as `world` worker processes (argv: rank, world, a free
+    localhost port, this folder) and return each one's last stdout line as
+    JSON; a worker that fails fails the test with its stderr."""
+    script = tmp_path / "worker.py"
+    script.write_text(source)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), port, here], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(world)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs

@@ -1,18 +1,14 @@
 """Evaluator.all_reduce and evaluate_bpb across two real torch.distributed
 processes (gloo over loopback), and evaluate_bpb against nanochat's
 algorithm with a tiny torch model."""
-import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
 import lmmetrics
+from helpers import run_gloo_workers
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -111,27 +107,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
 def test_all_reduce_across_two_gloo_processes(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = str(_free_port())
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", port, here], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    outs = run_gloo_workers(WORKER, tmp_path)
     rng = np.random.default_rng(0)
     z = rng.standard_normal((40, 500)).astype(np.float32) * 2
     r = (z + rng.standard_normal(z.shape) * 0.3).astype(np.float32)

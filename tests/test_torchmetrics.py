@@ -1,7 +1,6 @@
 """lmmetrics.torchmetrics against torchmetrics' own Perplexity and nanochat's
 bits per byte, as torchmetrics Metrics (update / forward / compute / reset,
 state sync across two gloo processes)."""
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,8 @@ from torchmetrics.text import Perplexity as TMPerplexity  # noqa: E402
 
 import lmmetrics  # noqa: E402
 from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity  # noqa: E402
-from test_distributed import _free_port, nanochat_bpb  # noqa: E402
+from helpers import run_gloo_workers  # noqa: E402
+from test_distributed import nanochat_bpb  # noqa: E402
 
 V = 211
 
@@ -140,19 +140,7 @@ WORKER = textwrap.dedent("""
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
 def test_sync_across_two_gloo_processes(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = str(_free_port())
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", port, here], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    outs = run_gloo_workers(WORKER, tmp_path)
     data = batches(n=5)
     tb = torch.arange(V) % 4
     whole = TMPerplexity(ignore_index=-100)
