@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Optional, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
