@@ -6,6 +6,7 @@ memoryviews: dtype, contiguity, length) and holds them for the call. The
 logits arrive as (address, row stride, outer stride): their owner is kept
 alive by the caller."""
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
@@ -57,7 +58,7 @@ cdef extern from "lm_kernel.h" nogil:
     int lm_max_threads()
 
 cdef extern from "lm_bench.h" nogil:
-    uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads)
+    uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads, int isa, int prefetch)
 
 cdef extern from *:
     """
@@ -172,6 +173,18 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     return status, bad, nll_sum, n_counted
 
 
+def address(obj):
+    """The address of the first byte of a C-contiguous buffer (the buffer
+    protocol; a faster __array_interface__["data"][0]). The caller keeps obj
+    alive while the address is used."""
+    cdef Py_buffer view
+    cdef uintptr_t p
+    PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
+    p = <uintptr_t>view.buf
+    PyBuffer_Release(&view)
+    return p
+
+
 def isa_supported(str name):
     return name in ISAS and lm_isa_supported(ISAS.index(name)) == 1
 
@@ -199,11 +212,18 @@ def max_threads():
     return lm_max_threads()
 
 
-def read_pass(uintptr_t ptr, int64_t nbytes, int num_threads=0):
-    """Read nbytes at ptr once with the active SIMD path's float max loop
-    (num_threads threads, 0: the OpenMP default): the memory-speed yardstick
-    of the benchmarks. The caller keeps the buffer alive."""
+def read_pass(uintptr_t ptr, int64_t nbytes, int num_threads=0, isa=None, bint prefetch=False):
+    """Read nbytes at ptr once with a SIMD path's float max loop (isa: a
+    name from ISAS, None: the active path; eight max chains, prefetching
+    ahead when asked; num_threads threads, 0: the OpenMP default): the
+    memory-speed yardstick of the benchmarks. The caller keeps the buffer
+    alive."""
     cdef uint64_t acc
+    cdef int which = -1
+    if isa is not None:
+        if not isa_supported(isa):
+            raise ValueError(f"ISA {isa!r} is not available on this machine or build")
+        which = ISAS.index(isa)
     with nogil:
-        acc = lm_read_pass(<const void *>ptr, nbytes, num_threads)
+        acc = lm_read_pass(<const void *>ptr, nbytes, num_threads, which, prefetch)
     return acc

@@ -269,6 +269,18 @@ LM_INLINE LMV_LANE LM_FN(rawmax_)(lmv_i16_t acc, const LM_ELEM *z, int64_t len) 
 
 /* ------------------------------------------------------------- one block */
 
+/* Prefetch the bytes step j of a block reads, at pf + j elements (data a
+ * fixed distance ahead): each LM_LINE-byte line once, for any step size
+ * (a step of 128 bytes spans two lines, one of 32 bytes half a line). */
+LM_INLINE void LM_FN(prefetch_)(const char *pf, int64_t j) {
+    const int64_t bytes = LM_STEP * (int64_t)sizeof(LM_ELEM), at = j * (int64_t)sizeof(LM_ELEM);
+    if (bytes >= LM_LINE) {
+        for (int64_t q = 0; q < bytes; q += LM_LINE) LM_PREFETCH(pf + at + q);
+    } else if (at % LM_LINE == 0) {
+        LM_PREFETCH(pf + at);
+    }
+}
+
 /* What a block's terms need: per side the clamp (shift + LM_EXP_LO),
  * expq_'s argument for the shift, and the lane max that d = z - max is
  * formed against (the max so far: a one-hot row's d is then 0). */
@@ -320,12 +332,14 @@ typedef struct {
 
 /* A block [README: the pass]: the maxima of (z, r)[0, len) and the sums of
  * e = exp(z - shift), against shifts chosen before (finite multiples of
- * ln2f), prefetching pf[0, len) (the data a few blocks on). The lanes form
+ * ln2f), prefetching pf[0, len) and pfr[0, len) (the data a few blocks
+ * on). The lanes form
  * d against the lane maxima and the sums are moved to the shifts at the
  * end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
  * does the block again if its maxima pass the maxima before by more than
  * LM_HEAD. */
-LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len, const char *pf,
+LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
+                                        const char *pf, const char *pfr,
                                         double shift, double ref_shift, LMV_LANE lane_max,
                                         LMV_LANE ref_lane_max, const int ent, const int ref,
                                         const LM_FN(loader_t) ld) {
@@ -341,7 +355,8 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
     for (int64_t j = 0; j < len; j += LM_STEP) {
         lmv_t za, zb, ra = zero, rb = zero;
         LM_FN(load_)(z + j, ld, &za, &zb);
-        LM_PREFETCH(pf + j * (int64_t)sizeof(LM_ELEM));
+        LM_FN(prefetch_)(pf, j);
+        if (ref) LM_FN(prefetch_)(pfr, j);
 #if LM_RAWMAX
         if (!capped) {
             imx = lmv_imax16(imx, z + j);
@@ -472,11 +487,21 @@ LM_INLINE void LM_FN(take_)(lm_side *zs, lm_side *rs, double *cross, const LM_FN
     if (ref && rs->shift != -INFINITY) { rs->sum += b->ref_sum; *cross += b->cross; }
 }
 
-/* The segment z[0, n) (and r[0, n)) into *st [README: the pass]. */
+/* Where to prefetch for a block: element o of the segment p[0, n) (o past
+ * the block's start by the prefetch distance), else of what comes after
+ * the segment (next: the next segment or row; none: the block itself). */
+LM_INLINE const char *LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, const void *next,
+                                    const LM_ELEM *block) {
+    if (o < n) return (const char *)(p + o);
+    return next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)block;
+}
+
+/* The segment z[0, n) (and r[0, n)) into *st [README: the pass]; next and
+ * next_ref are where the data goes on after it (prefetched at its end). */
 LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int ent, const int amax, const int ref,
                                 const int capped, double cap, const void *next,
-                                lm_state *st) {
+                                const void *next_ref, lm_state *st) {
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
@@ -499,17 +524,17 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     for (int64_t k = 0; k < nblocks; k++) {
         const LM_FN(span_t) sp = LM_FN(span_)(k, nmain, blk, nv, z, ref ? r : NULL, tz, tr, ld, ldt);
         const int64_t o = k * blk + pfe;
-        const char *pf; /* prefetch a fixed distance ahead: in this segment, else the next */
+        /* prefetch a fixed distance ahead: in this segment, else the next */
+        const char *pf = LM_FN(ahead_)(z, n, o, next, sp.z);
+        const char *pfr = ref ? LM_FN(ahead_)(r, n, o, next_ref, sp.r) : NULL;
         LM_FN(block_t) b;
         int redo;
-        pf = o < n ? (const char *)(z + o)
-           : next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)sp.z;
         if (k == 0) { /* a first look at the maxima: the first shifts */
             int exact = LM_FN(first_)(&zs, LM_FN(max_)(sp.z, sp.len, sp.ld));
             if (ref) exact |= LM_FN(first_)(&rs, LM_FN(max_)(sp.r, sp.len, sp.ld));
             if (exact) { st->exact = 1; return; }
         }
-        b = LM_FN(block_)(sp.z, sp.r, sp.len, pf, lm_effective(zs.shift), lm_effective(rs.shift),
+        b = LM_FN(block_)(sp.z, sp.r, sp.len, pf, pfr, lm_effective(zs.shift), lm_effective(rs.shift),
                           LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs), ent, ref, sp.ld);
         if (b.max == INFINITY || b.ref_max == INFINITY || b.cross_big) { st->exact = 1; return; }
         /* [README: the redo rule] */
@@ -523,7 +548,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             return;
         }
         if (redo) { /* again, from L1, against the new shifts and maxima */
-            b = LM_FN(block_)(sp.z, sp.r, sp.len, (const char *)sp.z, lm_effective(zs.shift),
+            b = LM_FN(block_)(sp.z, sp.r, sp.len, (const char *)sp.z, (const char *)sp.r,
+                              lm_effective(zs.shift),
                               lm_effective(rs.shift), LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs),
                               ent, ref, sp.ld);
             if (b.cross_big) { st->exact = 1; return; }
@@ -573,12 +599,13 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 
 /* The exported kernel: specialised for the flag sets the driver uses. */
 static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
-                           double cap, const void *next, lm_state *st) {
+                           double cap, const void *next, const void *next_ref, lm_state *st) {
     const LM_ELEM *zz = (const LM_ELEM *)z, *rr = (const LM_ELEM *)r;
 #define LM_CASE(f)                                                             \
     case f:                                                                    \
         LM_FN(segment_)(zz, rr, n, (f) & LM_WANT_ENT, (f) & LM_WANT_AMAX,      \
-                        (f) & LM_WANT_REF, (f) & LM_WANT_CAP, cap, next, st);  \
+                        (f) & LM_WANT_REF, (f) & LM_WANT_CAP, cap, next,      \
+                        next_ref, st);                                         \
         return;
     switch (flags) {
         LM_CASE(0)
@@ -589,7 +616,7 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF | LM_WANT_CAP)
     default:
         LM_FN(segment_)(zz, rr, n, flags & LM_WANT_ENT, flags & LM_WANT_AMAX,
-                        flags & LM_WANT_REF, flags & LM_WANT_CAP, cap, next, st);
+                        flags & LM_WANT_REF, flags & LM_WANT_CAP, cap, next, next_ref, st);
     }
 #undef LM_CASE
 }

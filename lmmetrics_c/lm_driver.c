@@ -117,13 +117,13 @@ static lm_segment_fn lm_kernel_for(int isa, int dtype) {
 }
 
 /* A read-only pass over a buffer (the speed limit the benchmarks compare
- * with): the active ISA's float max loop over 64 KB chunks, split across
- * threads; the bytes after the last whole chunk are ORed. */
-uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads) {
+ * with): an ISA's float max loop over 64 KB chunks, split across threads;
+ * the bytes after the last whole chunk are ORed. */
+uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads, int isa, int prefetch) {
     const int64_t chunk = 16384; /* floats */
     const int64_t nchunks = nbytes / 4 / chunk;
     const unsigned char *tail = (const unsigned char *)p + nchunks * chunk * 4;
-    lm_read_fn fn = lm_unit_for(lm_isa_active())->read;
+    lm_read_fn fn = lm_unit_for(isa < 0 ? lm_isa_active() : lm_isa_supported(isa) ? isa : LM_ISA_SCALAR)->read;
     float m = -INFINITY;
     uint64_t acc = 0;
     uint32_t bits;
@@ -133,7 +133,7 @@ uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads) {
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(max : m)
 #endif
     for (int64_t c = 0; c < nchunks; c++) {
-        float v = fn((const float *)p + c * chunk, chunk);
+        float v = fn((const float *)p + c * chunk, chunk, prefetch);
         m = v > m ? v : m;
     }
     for (int64_t i = 0; i < nbytes - nchunks * chunk * 4; i++) acc |= tail[i];
@@ -169,10 +169,15 @@ static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
     const int64_t n = j->n_cols - lo < LM_SEGMENT ? j->n_cols - lo : LM_SEGMENT;
     const char *z = lm_row(x, &j->logits, i) + lo * (int64_t)x->es;
     const char *r = j->ref.base ? lm_row(x, &j->ref, i) + lo * (int64_t)x->es : NULL;
-    const void *next = NULL; /* what to prefetch while the segment ends */
-    if (s + 1 < x->nseg) next = z + n * (int64_t)x->es;
-    else if (i + 1 < j->n_rows) next = lm_row(x, &j->logits, i + 1);
-    x->fn(z, r, n, x->flags, j->softcap, next, st);
+    const void *next = NULL, *next_ref = NULL; /* what to prefetch while the segment ends */
+    if (s + 1 < x->nseg) {
+        next = z + n * (int64_t)x->es;
+        next_ref = r ? r + n * (int64_t)x->es : NULL;
+    } else if (i + 1 < j->n_rows) {
+        next = lm_row(x, &j->logits, i + 1);
+        next_ref = r ? lm_row(x, &j->ref, i + 1) : NULL;
+    }
+    x->fn(z, r, n, x->flags, j->softcap, next, next_ref, st);
 }
 
 /* scale factor of a side with shift m and sum s to a common shift to */

@@ -16,8 +16,23 @@
 #define LM_LANE_ELEM LM_LANE_F32
 #define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f32)
 #include "lm_body.h"
-static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n) {
-    return LM_FN(max_)(p, n, LM_FN(loader_)(0, 1.0f, 2 * LMV_W));
+/* The read pass (lm_bench.h): the max of n floats (n a multiple of
+ * 8 LMV_W) by eight independent max chains, with or without a prefetch of
+ * each line LM_PREFETCH_BYTES ahead. */
+LM_INLINE float LM_FN(read_)(const float *p, int64_t n, const int prefetch) {
+    lmv_t m[8];
+    for (int k = 0; k < 8; k++) m[k] = lmv_set1(-INFINITY);
+    for (int64_t i = 0; i < n; i += 8 * LMV_W) {
+        if (prefetch)
+            for (int q = 0; q < 8 * LMV_W * 4; q += LM_LINE)
+                LM_PREFETCH((const char *)(p + i) + LM_PREFETCH_BYTES + q);
+        for (int k = 0; k < 8; k++) m[k] = lmv_max(lmv_loadu(p + i + k * LMV_W), m[k]);
+    }
+    for (int k = 1; k < 8; k++) m[0] = lmv_max(m[k], m[0]);
+    return LM_FN(hmax_)(m[0]);
+}
+static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n, int prefetch) {
+    return prefetch ? LM_FN(read_)(p, n, 1) : LM_FN(read_)(p, n, 0);
 }
 
 #undef LM_ELEM

@@ -14,6 +14,8 @@
 /* Inside a segment: blocks that stay in L1 while the next one streams in. */
 #define LM_BLOCK 4096
 #define LM_PREFETCH_BYTES 16384
+/* the cache line: the kernels prefetch each line once */
+#define LM_LINE 64
 
 /* The state of one segment (or a merged row) [README: the state]. The
  * model side's sums are taken against a shift >= its max:
@@ -63,7 +65,8 @@ static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
 enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
 
 typedef void (*lm_segment_fn)(const void *z, const void *r, int64_t n, int flags,
-                              double cap, const void *next, lm_state *st);
+                              double cap, const void *next, const void *next_ref,
+                              lm_state *st);
 
 /* Scalar element loads, used for targets, argmax searches and slow paths. */
 static inline float lm_bf16_to_float(uint16_t h) {
@@ -105,9 +108,9 @@ static inline size_t lm_elsize(int dtype) {
     return dtype == LM_F64 ? 8 : dtype == LM_F32 ? 4 : 2;
 }
 
-/* A read-only pass: the max of n floats (n a multiple of 64), the
- * kernels' own max loop, for the benchmarks' speed limit. */
-typedef float (*lm_read_fn)(const float *p, int64_t n);
+/* A read-only pass for the benchmarks' speed limit: the max of n floats
+ * (n a multiple of 128), prefetching ahead or not. */
+typedef float (*lm_read_fn)(const float *p, int64_t n, int prefetch);
 
 /* What each ISA unit exports: its segment kernels indexed by dtype (NULL
  * where the unit has none; f64 always runs the scalar unit) and its read

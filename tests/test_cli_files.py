@@ -548,7 +548,7 @@ def test_no_torch_bench_and_quiet_broken_pipe():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr
     header = [ln for ln in res.stdout.splitlines() if "time ms" in ln]
-    assert len(header) == 1 and "vs torch" not in header[0]
+    assert header and not any("vs torch" in ln for ln in header)
     assert "torch is not installed" in res.stdout
     assert not any(ln.startswith("torch F.cross_entropy") for ln in res.stdout.splitlines())
     # the reader of stdout is gone before anything is written: no traceback

@@ -184,6 +184,14 @@ def _collapse(shape: Sequence[int], strides: Sequence[int]) -> Optional[Tuple[in
 
 
 def as_logits(x: Any, name: str = "logits") -> Logits:
+    if type(x) is np.ndarray and x.ndim and x.size and x.flags.c_contiguous:
+        dtype = _NAMES.get(x.dtype)  # native byte order only
+        if dtype is not None:  # the common case, described directly (what _describe gives)
+            shape = x.shape
+            n_cols = shape[-1]
+            n_rows = x.size // n_cols
+            return Logits(x, _core.address(x), dtype, shape[:-1], n_cols, n_rows, n_rows,
+                          n_cols if n_rows > 1 else 0, 0)
     if is_torch(x):
         return _torch_logits(x, name)
     a = x if isinstance(x, np.ndarray) else np.asarray(x)

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import sys
-import time
 from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
@@ -19,7 +18,6 @@ from ._engine import check_positive_int
 from ._errors import InputError
 from ._files import load_array
 from ._inputs import as_table
-from ._types import I64Array
 from .comparison import comparison_from_tokens, token_values
 from .convert import LN2, bits_per_unit
 from .evaluation import Evaluator
@@ -42,101 +40,15 @@ def _demo(_args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0) -> npt.NDArray[Any]:
-    """Synthetic logits (normal, scale 3) in the asked dtype, as numpy."""
-    rng = np.random.default_rng(seed)
-    z = np.empty((tokens, vocab), np.float32)
-    for i in range(0, tokens, 256):
-        z[i:i + 256] = rng.standard_normal((min(256, tokens - i), vocab), dtype=np.float32) * 3
-    if dtype == "float32":
-        return z
-    if dtype == "float16":
-        return z.astype(np.float16)
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise InputError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
-    return z.astype(ml_dtypes.bfloat16)
-
-
-def _reference_sum(z: npt.NDArray[Any], targets: I64Array) -> float:
-    """Summed NLL in float64, chunk by chunk (numpy only)."""
-    total = 0.0
-    for i in range(0, z.shape[0], 128):
-        c = z[i:i + 128].astype(np.float64)
-        m = c.max(axis=1)
-        lse = m + np.log(np.exp(c - m[:, None]).sum(axis=1))
-        total += float((lse - c[np.arange(c.shape[0]), targets[i:i + 128]]).sum())
-    return total
-
-
-def _best(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _bench(args: argparse.Namespace) -> int:
     if args.device == "cuda":
         from ._bench_cuda import DTYPES, bench_cuda
 
         return bench_cuda(args.tokens, args.vocab, DTYPES if args.dtype is None else (args.dtype,), args.repeat)
-    dtype = "float32" if args.dtype is None else args.dtype
-    threads = args.threads or _core.max_threads()
-    z = _make_logits(args.tokens, args.vocab, dtype)
-    targets = np.random.default_rng(1).integers(0, args.vocab, args.tokens)
-    nbytes = z.nbytes
-    ptr = z.__array_interface__["data"][0]
-    print(f"lmmetrics bench: {args.tokens} x {args.vocab} {dtype} logits ({nbytes / 1e9:.2f} GB), "
-          f"{threads} thread(s), SIMD path {_core.active_isa()}")
-    total = cross_entropy(z, targets, reduction="sum", num_threads=threads)
-    ref = _reference_sum(z, targets)
-    rel = abs(total - ref) / abs(ref)
-    print(f"summed NLL {total:.6f}, float64 reference {ref:.6f}, relative error {rel:.1e}")
+    from ._bench_cpu import DTYPES as CPU_DTYPES, bench_cpu
 
-    rows: List[Tuple[str, float, Optional[float]]] = []
-    read = _best(lambda: _core.read_pass(ptr, nbytes, threads), args.repeat)
-    one = _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=1), args.repeat)
-    read1 = _best(lambda: _core.read_pass(ptr, nbytes, 1), args.repeat)
-    rows.append(("read-only pass, 1 thread", read1, None))
-    rows.append(("lmmetrics, 1 thread", one, read1))
-    rows.append((f"read-only pass, {threads} threads", read, None))
-    rows.append((f"lmmetrics, {threads} threads",
-                 _best(lambda: cross_entropy(z, targets, reduction="sum", num_threads=threads), args.repeat), read))
-    torch_time = _torch_time(z, targets, dtype, threads, max(1, args.repeat // 2))
-    if torch_time is not None:
-        rows.append((f"torch F.cross_entropy, {threads} threads", torch_time, None))
-    print()
-    if torch_time is None:
-        print("torch is not installed, so there is no torch row or \"vs torch\" column")
-    print(f"{'':38} {'time ms':>9} {'GB/s':>7} {'of read pass':>13}" + (f" {'vs torch':>9}" if torch_time else ""))
-    for name, t, base in rows:
-        frac = f"{base / t:.2f}" if base else ""
-        vs = f"{torch_time / t:.1f}x" if torch_time and name.startswith("lmmetrics") else ""
-        print(f"{name:38} {t * 1e3:9.2f} {nbytes / t / 1e9:7.1f} {frac:>13}" + (f" {vs:>9}" if torch_time else ""))
-    if rel > 1e-6:
-        print(f"error: the result is off the float64 reference by {rel:.1e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _torch_time(z: npt.NDArray[Any], targets: I64Array, dtype: str, threads: int,
-                repeat: int) -> Optional[float]:
-    """The best time of torch's F.cross_entropy (sum) on the same logits,
-    None when torch is not installed."""
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        return None
-    torch.set_num_threads(threads)
-    zt = torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(z)
-    tt = torch.from_numpy(targets)
-    return _best(lambda: F.cross_entropy(zt, tt, reduction="sum"), repeat)
+    return bench_cpu(args.tokens, args.vocab, CPU_DTYPES if args.dtype is None else (args.dtype,),
+                     args.threads or _core.max_threads(), args.repeat)
 
 
 def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
@@ -376,7 +288,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
     b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="logits dtype (default: float32 on cpu, each of the three on cuda)")
+                   help="logits dtype (default: each of the three)")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the OpenMP default)")
     b.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions, best kept (default 5)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",

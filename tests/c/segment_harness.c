@@ -166,9 +166,9 @@ int main(void) {
                     double cap = (flags & LM_WANT_CAP) ? 30.0 : 0.0;
                     ref_t ref = reference(z, (flags & LM_WANT_REF) ? r : NULL, n, cap);
                     lm_state st, sc;
-                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, NULL, &st);
+                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, NULL, NULL, &st);
                     lm_unit_scalar.kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap,
-                                                  NULL, &sc);
+                                                  NULL, NULL, &sc);
                     check_state("unit", &st, &ref, dtype, n, flags, cap);
                     check_state("scalar", &sc, &ref, dtype, n, flags, cap);
                     if (!st.exact && !sc.exact) {
@@ -187,7 +187,7 @@ int main(void) {
             int64_t n = 37;
             lm_state st;
             for (int64_t i = 0; i < n; i++) put(zb, dtype, i, i == pos ? NAN : rng_normal());
-            unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, NULL, &st);
+            unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, NULL, NULL, &st);
             expect(st.nan || st.exact, "NaN found", "unit", dtype, n, pos, st.nan, 1);
         }
     }

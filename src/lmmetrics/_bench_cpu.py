@@ -1,0 +1,187 @@
+"""``lmmetrics bench`` on the CPU: the native kernel against the memory speed
+of this machine and against torch.
+
+Every speed is a ratio measured in the same run: the kernel's time against
+the fastest read-only pass over the same buffer (each SIMD path's float max
+loop with eight chains, with and without a software prefetch: the faster is
+reported, with its name), for one thread and for all threads, in each dtype;
+``evaluate`` against the NLL alone; ``kl_divergence`` against a read of both
+buffers; and the small call (one row) against torch's ``F.cross_entropy``.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _core
+from ._errors import InputError
+from ._types import I64Array
+
+from .evaluation import evaluate
+from .metrics import cross_entropy, kl_divergence
+
+DTYPES = ("float32", "bfloat16", "float16")
+SMALL_VOCAB = 32000  # the small call: one row of a Llama-2-sized vocabulary
+
+
+def best_time(fn: Callable[[], object], repeat: int) -> float:
+    """The best of `repeat` timed calls of fn (after one untimed call)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0, scale: float = 3.0) -> npt.NDArray[Any]:
+    """Synthetic logits (normal, `scale`) in the asked dtype, as numpy."""
+    rng = np.random.default_rng(seed)
+    z = np.empty((tokens, vocab), np.float32)
+    for i in range(0, tokens, 256):
+        z[i:i + 256] = rng.standard_normal((min(256, tokens - i), vocab), dtype=np.float32) * scale
+    if dtype == "float32":
+        return z
+    if dtype == "float16":
+        return z.astype(np.float16)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise InputError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
+    return z.astype(ml_dtypes.bfloat16)
+
+
+def reference_sum(z: npt.NDArray[Any], targets: I64Array) -> float:
+    """Summed NLL in float64, chunk by chunk (numpy only)."""
+    total = 0.0
+    for i in range(0, z.shape[0], 128):
+        c = z[i:i + 128].astype(np.float64)
+        m = c.max(axis=1)
+        lse = m + np.log(np.exp(c - m[:, None]).sum(axis=1))
+        total += float((lse - c[np.arange(c.shape[0]), targets[i:i + 128]]).sum())
+    return total
+
+
+def read_pass(buffers: Sequence[npt.NDArray[Any]], threads: int, repeat: int) -> Tuple[float, str]:
+    """The fastest read-only pass over `buffers` (their times added) among
+    every SIMD path's max loop, plain and prefetching: (seconds, name)."""
+    found: List[Tuple[float, str]] = []
+    for isa in (i for i in _core.ISAS if _core.isa_supported(i)):
+        for prefetch in (False, True):
+            def run(isa: str = isa, prefetch: bool = prefetch) -> None:
+                for b in buffers:
+                    _core.read_pass(b.__array_interface__["data"][0], b.nbytes, threads, isa, prefetch)
+            found.append((best_time(run, repeat), isa + (" + prefetch" if prefetch else "")))
+    return min(found)
+
+
+def _torch_logits(z: npt.NDArray[Any]) -> Any:
+    import torch
+
+    if z.dtype.name == "bfloat16":
+        return torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(z)
+
+
+def torch_time(z: npt.NDArray[Any], targets: I64Array, threads: int, repeat: int) -> Optional[float]:
+    """The best time of torch's F.cross_entropy (sum) on the same logits,
+    None when torch is not installed."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    zt, tt = _torch_logits(z), torch.from_numpy(targets)
+    return best_time(lambda: F.cross_entropy(zt, tt, reduction="sum"), repeat)
+
+
+def small_call(repeat: int) -> Tuple[float, Optional[float]]:
+    """Per-call time of cross_entropy on one row of SMALL_VOCAB float32
+    logits, and of torch's F.cross_entropy (None without torch): the best
+    mean over `repeat` batches of 200 calls."""
+    z = make_logits(1, SMALL_VOCAB, "float32", seed=2)
+    t = np.array([7])
+
+    def per_call(fn: Callable[[], object]) -> float:
+        def batch() -> None:
+            for _ in range(200):
+                fn()
+        return best_time(batch, repeat) / 200
+
+    ours = per_call(lambda: cross_entropy(z, t))
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return ours, None
+    zt, tt = torch.from_numpy(z), torch.from_numpy(t)
+    return ours, per_call(lambda: F.cross_entropy(zt, tt))
+
+
+def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repeat: int,
+              print_fn: Callable[[str], None] = print) -> int:
+    """Print the table; 1 when a summed NLL is off its float64 reference
+    by more than 1e-6 relative."""
+    status = 0
+    have_torch = torch_time(np.zeros((1, 2), np.float32), np.zeros(1, np.int64), 1, 1) is not None
+    print_fn(f"lmmetrics bench: {tokens} x {vocab} logits, SIMD path {_core.active_isa()}, "
+             f"1 and {threads} thread(s); read-only pass = the fastest of each SIMD path's max loop, "
+             "plain or prefetching (named)")
+    if not have_torch:
+        print_fn("torch is not installed, so there is no \"vs torch\" column or torch row")
+    head = f"{'':30} {'time ms':>9} {'GB/s':>7} {'of read':>8}" + (f" {'vs torch':>9}" if have_torch else "")
+    targets = np.random.default_rng(1).integers(0, vocab, tokens)
+    for dtype in dtypes:
+        try:
+            z = make_logits(tokens, vocab, dtype)
+        except InputError as e:
+            if len(dtypes) == 1:
+                raise
+            print_fn("")
+            print_fn(f"{dtype}: skipped, {e}")
+            continue
+        total = cross_entropy(z, targets, reduction="sum", num_threads=threads)
+        ref = reference_sum(z, targets)
+        rel = abs(total - ref) / abs(ref)
+        print_fn("")
+        print_fn(f"{dtype} ({z.nbytes / 1e9:.2f} GB): summed NLL {total:.6f}, float64 reference {ref:.6f}, "
+                 f"relative error {rel:.1e}")
+        print_fn(head)
+        if rel > 1e-6:
+            print(f"error: the {dtype} result is off the float64 reference by {rel:.1e}", file=sys.stderr)
+            status = 1
+        tt = torch_time(z, targets, threads, max(1, repeat // 2))
+        nll_all = 0.0
+        for n in sorted({1, threads}):
+            read, name = read_pass([z], n, repeat)
+            nll = best_time(lambda: cross_entropy(z, targets, reduction="sum", num_threads=n), repeat)
+            nll_all = nll
+            vs = f" {tt / nll:8.1f}x" if tt is not None and n == threads else ""
+            print_fn(f"{'read-only pass, ' + str(n) + ' thread(s)':30} {read * 1e3:9.2f} "
+                     f"{z.nbytes / read / 1e9:7.1f} {'':>8}  ({name})")
+            print_fn(f"{'cross_entropy, ' + str(n) + ' thread(s)':30} {nll * 1e3:9.2f} "
+                     f"{z.nbytes / nll / 1e9:7.1f} {read / nll:8.2f}" + vs)
+        ev = best_time(lambda: evaluate(z, targets, num_threads=threads), repeat)
+        print_fn(f"{'evaluate, ' + str(threads) + ' thread(s)':30} {ev * 1e3:9.2f} {z.nbytes / ev / 1e9:7.1f} "
+                 f"{'':>8}  ({ev / nll_all:.2f}x cross_entropy)")
+        half = tokens // 2
+        if half:
+            model, reference = z[:half], make_logits(half, vocab, dtype, seed=3)
+            read, name = read_pass([model, reference], threads, repeat)
+            kl = best_time(lambda: kl_divergence(model, reference_logits=reference, num_threads=threads), repeat)
+            print_fn(f"{'kl_divergence, ' + str(threads) + ' thread(s)':30} {kl * 1e3:9.2f} "
+                     f"{2 * model.nbytes / kl / 1e9:7.1f} {read / kl:8.2f}  (of a read of both buffers, {name})")
+        if tt is not None:
+            print_fn(f"{'torch F.cross_entropy, ' + str(threads):30} {tt * 1e3:9.2f} {z.nbytes / tt / 1e9:7.1f}")
+    ours, theirs = small_call(repeat)
+    print_fn("")
+    print_fn(f"small call (1 x {SMALL_VOCAB} float32 cross_entropy): {ours * 1e6:.1f} us"
+             + (f", torch F.cross_entropy {theirs * 1e6:.1f} us ({ours / theirs:.2f}x torch)"
+                if theirs is not None else ""))
+    return status
