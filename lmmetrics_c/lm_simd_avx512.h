@@ -30,16 +30,16 @@ typedef float LMV_LANE;
 #define lmv_scale(p, t)                                                          \
     _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),               \
         _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
-/* 2^(n + j/32) for t holding 32n + j in its low bits (see
- * LM_POW2Q_TABLE32_LO): a two-register permute looks up all 32 entries */
-#define LM_QBITS 5
+/* 2^(n + j/16) for t holding 16n + j in its low bits (see
+ * LM_POW2Q_TABLE16): a one-register permute looks up all 16 entries (a
+ * two-register one for 32 entries costs Zen 4 about as much as the FMA it
+ * saves, and more) */
+#define LM_QBITS 4
 #define LM_SETR16(...) _mm512_setr_epi32(__VA_ARGS__) /* expands the table first */
 #define lmv_pow2q(t)                                                             \
     _mm512_castsi512_ps(_mm512_add_epi32(                                      \
-        _mm512_castps_si512(_mm512_permutex2var_ps(                            \
-            _mm512_castsi512_ps(LM_SETR16(LM_POW2Q_TABLE32_LO)),       \
-            _mm512_castps_si512(t),                                            \
-            _mm512_castsi512_ps(LM_SETR16(LM_POW2Q_TABLE32_HI)))),     \
+        _mm512_castps_si512(_mm512_permutexvar_ps(                             \
+            _mm512_castps_si512(t), _mm512_castsi512_ps(LM_SETR16(LM_POW2Q_TABLE16)))), \
         _mm512_slli_epi32(_mm512_castps_si512(t), 23 - LM_QBITS)))
 /* 16-bit dtypes take a block's max on the raw bits (one signed 16-bit max
  * per 32 elements; see LM_RAWMAX in lm_body.h) */
