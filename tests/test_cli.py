@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
+from lmmetrics import _core
 
 SCRIPT = shutil.which("lmmetrics", path=os.path.dirname(sys.executable)) or shutil.which("lmmetrics")
 
@@ -199,6 +200,19 @@ def test_demo_info_and_bench():
     assert "isa" in run("info").stdout.lower()
     out = run("bench", "--tokens", 16, "--vocab", 1000, "--repeat", 1).stdout
     assert "relative error" in out and "read-only pass" in out
+    # one section per dtype: its accuracy line and a read-only pass row for 1 and for all threads
+    sections = {b.splitlines()[0].split()[0]: b for b in out.strip().split("\n\n")}
+    for dt in ("float32", "bfloat16", "float16"):
+        assert dt in sections, out
+        head, *rows = sections[dt].splitlines()
+        assert "relative error" in head, out
+        reads = [r for r in rows if r.startswith("read-only pass, ")]
+        assert 1 <= len(reads) <= 2 and reads[0].startswith("read-only pass, 1 thread(s)"), out
+        for r in reads:  # the fastest path is named: "(avx2)", "(scalar + prefetch)", ...
+            path = r[r.rindex("(") + 1:-1].split(" + ")
+            assert path[0] in _core.ISAS and path[1:] in ([], ["prefetch"]), r
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("small call (1 x ") and " us" in last, out
 
 
 def _bench_error(env_extra):
