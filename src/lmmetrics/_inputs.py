@@ -30,7 +30,7 @@ def _dtype_name(dt: np.dtype[Any]) -> str:
     name = _NAMES.get(dt)
     if name is None:
         name = dt.name  # slow; cache bfloat16 (ml_dtypes) once seen
-        if name == "bfloat16":
+        if name == "bfloat16" and dt.isnative:  # as_logits' fast path trusts _NAMES' byte order
             _NAMES[dt] = name
     return name
 
