@@ -1,15 +1,18 @@
 """``lmmetrics bench`` on the CPU: the native kernel against the memory speed
 of this machine and against torch.
 
-Every speed is a ratio measured in the same run: the kernel's time against
-the fastest read-only pass over the same buffer (each SIMD path's float max
-loop with eight chains, with and without a software prefetch: the faster is
-reported, with its name), for one thread and for all threads, in each dtype;
-``evaluate`` against the NLL alone; ``kl_divergence`` against a read of both
-buffers; and the small call (one row) against torch's ``F.cross_entropy``.
+Every speed is a ratio measured in the same run, the two timed alternately
+and the median of the neighbours' ratios kept (a shared host's memory speed
+drifts from second to second): the kernel's time against the fastest
+read-only pass over the same buffer (each SIMD path's float max loop with
+eight chains, with and without a software prefetch: the fastest is used,
+and named), for one thread and for all threads, in each dtype; ``evaluate``
+against the NLL alone; ``kl_divergence`` against a read of both buffers;
+and the small call (one row) against torch's ``F.cross_entropy``.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -67,17 +70,37 @@ def reference_sum(z: npt.NDArray[Any], targets: I64Array) -> float:
     return total
 
 
-def read_pass(buffers: Sequence[npt.NDArray[Any]], threads: int, repeat: int) -> Tuple[float, str]:
-    """The fastest read-only pass over `buffers` (their times added) among
-    every SIMD path's max loop, plain and prefetching: (seconds, name)."""
-    found: List[Tuple[float, str]] = []
+def read_pass(buffers: Sequence[npt.NDArray[Any]], threads: int, repeat: int) -> Tuple[Callable[[], None], str]:
+    """The fastest read-only pass over `buffers` among every SIMD path's max
+    loop, plain and prefetching (each timed `repeat` times): (a function
+    doing it, its name)."""
+    found: List[Tuple[float, str, Callable[[], None]]] = []
     for isa in (i for i in _core.ISAS if _core.isa_supported(i)):
         for prefetch in (False, True):
             def run(isa: str = isa, prefetch: bool = prefetch) -> None:
                 for b in buffers:
                     _core.read_pass(b.__array_interface__["data"][0], b.nbytes, threads, isa, prefetch)
-            found.append((best_time(run, repeat), isa + (" + prefetch" if prefetch else "")))
-    return min(found)
+            found.append((best_time(run, repeat), isa + (" + prefetch" if prefetch else ""), run))
+    _, name, fn = min(found, key=lambda f: f[0])
+    return fn, name
+
+
+def paired(base: Callable[[], object], fn: Callable[[], object], repeat: int) -> Tuple[float, float, float]:
+    """base and fn timed alternately `repeat` times (the host's speed drifts
+    between runs: a ratio is taken between neighbours): the best time of
+    each and the median of the ratios base / fn."""
+    base()
+    fn()
+    tb, tf, ratios = float("inf"), float("inf"), []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        base()
+        t1 = time.perf_counter()
+        fn()
+        t2 = time.perf_counter()
+        tb, tf = min(tb, t1 - t0), min(tf, t2 - t1)
+        ratios.append((t1 - t0) / (t2 - t1))
+    return tb, tf, float(np.median(ratios))
 
 
 def _torch_logits(z: npt.NDArray[Any]) -> Any:
@@ -157,26 +180,28 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
             print(f"error: the {dtype} result is off the float64 reference by {rel:.1e}", file=sys.stderr)
             status = 1
         tt = torch_time(z, targets, threads, max(1, repeat // 2))
-        nll_all = 0.0
+        nll_all: Callable[[], object] = lambda: None
         for n in sorted({1, threads}):
-            read, name = read_pass([z], n, repeat)
-            nll = best_time(lambda: cross_entropy(z, targets, reduction="sum", num_threads=n), repeat)
-            nll_all = nll
+            read_fn, name = read_pass([z], n, 2)
+            nll_fn = functools.partial(cross_entropy, z, targets, reduction="sum", num_threads=n)
+            read, nll, frac = paired(read_fn, nll_fn, repeat)
             vs = f" {tt / nll:8.1f}x" if tt is not None and n == threads else ""
             print_fn(f"{'read-only pass, ' + str(n) + ' thread(s)':30} {read * 1e3:9.2f} "
                      f"{z.nbytes / read / 1e9:7.1f} {'':>8}  ({name})")
             print_fn(f"{'cross_entropy, ' + str(n) + ' thread(s)':30} {nll * 1e3:9.2f} "
-                     f"{z.nbytes / nll / 1e9:7.1f} {read / nll:8.2f}" + vs)
-        ev = best_time(lambda: evaluate(z, targets, num_threads=threads), repeat)
+                     f"{z.nbytes / nll / 1e9:7.1f} {frac:8.2f}" + vs)
+            nll_all = nll_fn
+        _, ev, ev_frac = paired(nll_all, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
         print_fn(f"{'evaluate, ' + str(threads) + ' thread(s)':30} {ev * 1e3:9.2f} {z.nbytes / ev / 1e9:7.1f} "
-                 f"{'':>8}  ({ev / nll_all:.2f}x cross_entropy)")
+                 f"{'':>8}  ({1 / ev_frac:.2f}x cross_entropy)")
         half = tokens // 2
         if half:
             model, reference = z[:half], make_logits(half, vocab, dtype, seed=3)
-            read, name = read_pass([model, reference], threads, repeat)
-            kl = best_time(lambda: kl_divergence(model, reference_logits=reference, num_threads=threads), repeat)
+            read_fn, name = read_pass([model, reference], threads, 2)
+            _, kl, kl_frac = paired(read_fn, functools.partial(kl_divergence, model, reference_logits=reference,
+                                                               num_threads=threads), repeat)
             print_fn(f"{'kl_divergence, ' + str(threads) + ' thread(s)':30} {kl * 1e3:9.2f} "
-                     f"{2 * model.nbytes / kl / 1e9:7.1f} {read / kl:8.2f}  (of a read of both buffers, {name})")
+                     f"{2 * model.nbytes / kl / 1e9:7.1f} {kl_frac:8.2f}  (of a read of both buffers, {name})")
         if tt is not None:
             print_fn(f"{'torch F.cross_entropy, ' + str(threads):30} {tt * 1e3:9.2f} {z.nbytes / tt / 1e9:7.1f}")
     ours, theirs = small_call(repeat)

@@ -285,6 +285,9 @@ def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
     """Targets as contiguous int64 of n_rows. With check_range, a counted
     target (neither negative nor ignore_index) >= vocab is a ValueError here
     (the native core checks them itself)."""
+    if (type(targets) is np.ndarray and targets.dtype == np.int64 and targets.flags.c_contiguous
+            and targets.shape == logits.lead_shape and not check_range):
+        return targets.reshape(-1)  # the common case: nothing to convert or check here
     t = as_index_array(targets, "targets")
     if t.shape != logits.lead_shape:
         raise ValueError(
