@@ -27,4 +27,5 @@ def _run(benchmark, fn, nbytes, group):
     benchmark.group = group
     benchmark.extra_info["GB/s"] = None
     benchmark.pedantic(fn, rounds=5, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["GB/s"] = round(nbytes / benchmark.stats.stats.min / 1e9, 2)
+    if benchmark.stats is not None:  # None under --benchmark-disable (a smoke run)
+        benchmark.extra_info["GB/s"] = round(nbytes / benchmark.stats.stats.min / 1e9, 2)

@@ -29,12 +29,19 @@ def test_lmmetrics(benchmark, n, v, dtype, threads):
          z.nbytes, f"{n}x{v}-{dtype}")
 
 
+READS = [(isa, pf) for isa in _core.ISAS if _core.isa_supported(isa) for pf in (False, True)]
+
+
 @pytest.mark.parametrize("n,v,dtype", CASES, ids=IDS)
 @pytest.mark.parametrize("threads", [1, THREADS], ids=["1thread", "allthreads"])
-def test_read_only_pass(benchmark, n, v, dtype, threads):
+@pytest.mark.parametrize("isa,prefetch", READS, ids=[f"{i}{'-prefetch' if p else ''}" for i, p in READS])
+def test_read_only_pass(benchmark, n, v, dtype, threads, isa, prefetch):
+    """Each SIMD path's read loop, plain and prefetching: the fastest is the
+    speed limit (as in `lmmetrics bench`)."""
     z, _ = workload(n, v, dtype)
     ptr = z.__array_interface__["data"][0]
-    _run(benchmark, lambda: _core.read_pass(ptr, z.nbytes, threads), z.nbytes, f"{n}x{v}-{dtype}")
+    _run(benchmark, lambda: _core.read_pass(ptr, z.nbytes, threads, isa, prefetch), z.nbytes,
+         f"{n}x{v}-{dtype}")
 
 
 @pytest.mark.parametrize("n,v,dtype", CASES, ids=IDS)

@@ -1,9 +1,9 @@
 """``lmmetrics bench`` on the CPU: the native kernel against the memory speed
 of this machine and against torch.
 
-Every speed is a ratio measured in the same run, the two timed alternately
-and the median of the neighbours' ratios kept (a shared host's memory speed
-drifts from second to second): the kernel's time against the fastest
+Every speed is a ratio measured in the same run, the two timed alternately:
+the ratio of the best times, and the median of the neighbours' ratios (a
+shared host's memory speed drifts from second to second): the kernel's time against the fastest
 read-only pass over the same buffer (each SIMD path's float max loop with
 eight chains, with and without a software prefetch: the fastest is used,
 and named), for one thread and for all threads, in each dtype; ``evaluate``
@@ -155,10 +155,12 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
     have_torch = torch_time(np.zeros((1, 2), np.float32), np.zeros(1, np.int64), 1, 1) is not None
     print_fn(f"lmmetrics bench: {tokens} x {vocab} logits, SIMD path {_core.active_isa()}, "
              f"1 and {threads} thread(s); read-only pass = the fastest of each SIMD path's max loop, "
-             "plain or prefetching (named)")
+             "plain or prefetching (named); \"of read\" = best time / best time, \"median\" = the "
+             "median ratio of runs timed alternately")
     if not have_torch:
         print_fn("torch is not installed, so there is no \"vs torch\" column or torch row")
-    head = f"{'':30} {'time ms':>9} {'GB/s':>7} {'of read':>8}" + (f" {'vs torch':>9}" if have_torch else "")
+    head = (f"{'':30} {'time ms':>9} {'GB/s':>7} {'of read':>8} {'median':>7}" +
+            (f" {'vs torch':>9}" if have_torch else ""))
     targets = np.random.default_rng(1).integers(0, vocab, tokens)
     for dtype in dtypes:
         try:
@@ -187,21 +189,22 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
             read, nll, frac = paired(read_fn, nll_fn, repeat)
             vs = f" {tt / nll:8.1f}x" if tt is not None and n == threads else ""
             print_fn(f"{'read-only pass, ' + str(n) + ' thread(s)':30} {read * 1e3:9.2f} "
-                     f"{z.nbytes / read / 1e9:7.1f} {'':>8}  ({name})")
+                     f"{z.nbytes / read / 1e9:7.1f} {'':>8} {'':>7}  ({name})")
             print_fn(f"{'cross_entropy, ' + str(n) + ' thread(s)':30} {nll * 1e3:9.2f} "
-                     f"{z.nbytes / nll / 1e9:7.1f} {frac:8.2f}" + vs)
+                     f"{z.nbytes / nll / 1e9:7.1f} {read / nll:8.2f} {frac:7.2f}" + vs)
             nll_all = nll_fn
-        _, ev, ev_frac = paired(nll_all, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
+        nll, ev, ev_frac = paired(nll_all, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
         print_fn(f"{'evaluate, ' + str(threads) + ' thread(s)':30} {ev * 1e3:9.2f} {z.nbytes / ev / 1e9:7.1f} "
-                 f"{'':>8}  ({1 / ev_frac:.2f}x cross_entropy)")
+                 f"{'':>8} {'':>7}  ({ev / nll:.2f}x cross_entropy, median {1 / ev_frac:.2f}x)")
         half = tokens // 2
         if half:
             model, reference = z[:half], make_logits(half, vocab, dtype, seed=3)
             read_fn, name = read_pass([model, reference], threads, 2)
-            _, kl, kl_frac = paired(read_fn, functools.partial(kl_divergence, model, reference_logits=reference,
-                                                               num_threads=threads), repeat)
+            read, kl, kl_frac = paired(read_fn, functools.partial(kl_divergence, model, reference_logits=reference,
+                                                                  num_threads=threads), repeat)
             print_fn(f"{'kl_divergence, ' + str(threads) + ' thread(s)':30} {kl * 1e3:9.2f} "
-                     f"{2 * model.nbytes / kl / 1e9:7.1f} {kl_frac:8.2f}  (of a read of both buffers, {name})")
+                     f"{2 * model.nbytes / kl / 1e9:7.1f} {read / kl:8.2f} {kl_frac:7.2f}  "
+                     f"(of a read of both buffers, {name})")
         if tt is not None:
             print_fn(f"{'torch F.cross_entropy, ' + str(threads):30} {tt * 1e3:9.2f} {z.nbytes / tt / 1e9:7.1f}")
     ours, theirs = small_call(repeat)
