@@ -273,15 +273,17 @@ LM_INLINE LMV_LANE LM_FN(rawmax_)(lmv_i16_t acc, const LM_ELEM *z, int64_t len) 
 
 /* ------------------------------------------------------------- one block */
 
-/* Prefetch the bytes step j of a block reads, at pf + j elements (data a
- * fixed distance ahead): each LM_LINE-byte line once, for any step size
- * (a step of 128 bytes spans two lines, one of 32 bytes half a line). */
-LM_INLINE void LM_FN(prefetch_)(const char *pf, int64_t j) {
+/* Prefetch the bytes step j of a block reads, at address pf + j elements
+ * (data a fixed distance ahead): each LM_LINE-byte line once, for any step
+ * size (a step of 128 bytes spans two lines, one of 32 bytes half a line).
+ * Addresses are integers: near the end of the data they pass the buffer's
+ * end, which a prefetch may do and pointer arithmetic may not. */
+LM_INLINE void LM_FN(prefetch_)(uintptr_t pf, int64_t j) {
     const int64_t bytes = LM_STEP * (int64_t)sizeof(LM_ELEM), at = j * (int64_t)sizeof(LM_ELEM);
     if (bytes >= LM_LINE) {
-        for (int64_t q = 0; q < bytes; q += LM_LINE) LM_PREFETCH(pf + at + q);
+        for (int64_t q = 0; q < bytes; q += LM_LINE) LM_PREFETCH(pf + (uintptr_t)(at + q));
     } else if (at % LM_LINE == 0) {
-        LM_PREFETCH(pf + at);
+        LM_PREFETCH(pf + (uintptr_t)at);
     }
 }
 
@@ -343,7 +345,7 @@ typedef struct {
  * does the block again if its maxima pass the maxima before by more than
  * LM_HEAD. */
 LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
-                                        const char *pf, const char *pfr,
+                                        uintptr_t pf, uintptr_t pfr,
                                         double shift, double ref_shift, LMV_LANE lane_max,
                                         LMV_LANE ref_lane_max, const int ent, const int ref,
                                         const LM_FN(loader_t) ld) {
@@ -494,10 +496,10 @@ LM_INLINE void LM_FN(take_)(lm_side *zs, lm_side *rs, double *cross, const LM_FN
 /* Where to prefetch for a block: element o of the segment p[0, n) (o past
  * the block's start by the prefetch distance), else of what comes after
  * the segment (next: the next segment or row; none: the block itself). */
-LM_INLINE const char *LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, const void *next,
-                                    const LM_ELEM *block) {
-    if (o < n) return (const char *)(p + o);
-    return next ? (const char *)next + (o - n) * (int64_t)sizeof(LM_ELEM) : (const char *)block;
+LM_INLINE uintptr_t LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, const void *next,
+                                  const LM_ELEM *block) {
+    if (o < n) return (uintptr_t)(p + o);
+    return next ? (uintptr_t)next + (uintptr_t)((o - n) * (int64_t)sizeof(LM_ELEM)) : (uintptr_t)block;
 }
 
 /* The segment z[0, n) (and r[0, n)) into *st [README: the pass]; next and
@@ -529,8 +531,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         const LM_FN(span_t) sp = LM_FN(span_)(k, nmain, blk, nv, z, ref ? r : NULL, tz, tr, ld, ldt);
         const int64_t o = k * blk + pfe;
         /* prefetch a fixed distance ahead: in this segment, else the next */
-        const char *pf = LM_FN(ahead_)(z, n, o, next, sp.z);
-        const char *pfr = ref ? LM_FN(ahead_)(r, n, o, next_ref, sp.r) : NULL;
+        const uintptr_t pf = LM_FN(ahead_)(z, n, o, next, sp.z);
+        const uintptr_t pfr = ref ? LM_FN(ahead_)(r, n, o, next_ref, sp.r) : 0;
         LM_FN(block_t) b;
         int redo;
         if (k == 0) { /* a first look at the maxima: the first shifts */
@@ -552,7 +554,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             return;
         }
         if (redo) { /* again, from L1, against the new shifts and maxima */
-            b = LM_FN(block_)(sp.z, sp.r, sp.len, (const char *)sp.z, (const char *)sp.r,
+            b = LM_FN(block_)(sp.z, sp.r, sp.len, (uintptr_t)sp.z, (uintptr_t)sp.r,
                               lm_effective(zs.shift),
                               lm_effective(rs.shift), LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs),
                               ent, ref, sp.ld);

@@ -25,7 +25,7 @@ LM_INLINE float LM_FN(read_)(const float *p, int64_t n, const int prefetch) {
     for (int64_t i = 0; i < n; i += 8 * LMV_W) {
         if (prefetch)
             for (int q = 0; q < 8 * LMV_W * 4; q += LM_LINE)
-                LM_PREFETCH((const char *)(p + i) + LM_PREFETCH_BYTES + q);
+                LM_PREFETCH((uintptr_t)(p + i) + (uintptr_t)(LM_PREFETCH_BYTES + q)); /* may pass the end */
         for (int k = 0; k < 8; k++) m[k] = lmv_max(lmv_loadu(p + i + k * LMV_W), m[k]);
     }
     for (int k = 1; k < 8; k++) m[0] = lmv_max(m[k], m[0]);

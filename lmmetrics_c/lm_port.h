@@ -1,8 +1,10 @@
 /* Compiler portability: GCC, Clang (also clang-cl) and MSVC.
  *   LM_ALWAYS_INLINE        static, inlined even at -O0
- *   LM_PREFETCH(p)          prefetch p for reading, non-temporal (the logits are
- *                           read once: Zen 4 kept up with memory on one thread at
- *                           0.93-0.96 of a read pass so, 0.83-0.91 with all levels)
+ *   LM_PREFETCH(a)          prefetch address a (a pointer or a uintptr_t) for
+ *                           reading, non-temporal where the compiler has the hint
+ *                           (the logits are read once: on Zen 4 one thread kept up
+ *                           with 0.93-0.96 of a read pass, against 0.83-0.91
+ *                           prefetching into every level)
  *   LM_X86                  defined when the target is x86 / x86-64; then
  *   lm_cpuid(leaf, sub, r)  r = eax, ebx, ecx, edx of cpuid; 0 when the
  *                           CPU has no such leaf

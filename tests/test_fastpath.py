@@ -262,14 +262,18 @@ def test_subclasses_and_array_likes(dt):
 @pytest.mark.parametrize("dt", DTYPES, ids=name_of)
 def test_size_one_axis_with_odd_stride(dt):
     """A C-contiguous array whose size-1 axis has a stride that is not a whole
-    number of elements (a structured field): the generic path copies it, the
-    fast path reads it in place; the same numbers either way."""
+    number of elements (a field of a packed record): read in place where its
+    address is aligned (16-bit fields here), else from an aligned copy (the
+    core reads whole elements); the same numbers as from a contiguous copy."""
     item = np.dtype(dt).itemsize
     rec = np.zeros(2, [("pad", "u1"), ("z", dt, (9,))])
     rec["z"] = values((2, 9), dt)
     v = rec["z"][1:2]
     assert v.flags.c_contiguous and v.strides[0] % item
+    assert v.flags.aligned == (item == 2)  # the row starts at byte 20
     d = _inputs.as_logits(v)
+    assert (d.keep is v) == v.flags.aligned and d.keep.flags.aligned and d.ptr % item == 0
+    assert np.array_equal(d.keep.view(np.uint8), np.ascontiguousarray(v).view(np.uint8))
     assert {f: w for f, w in fields(d).items() if f != "ptr"} == \
         {f: w for f, w in generic(np.ascontiguousarray(v)).items() if f != "ptr"}
     c = np.ascontiguousarray(v)
@@ -277,6 +281,23 @@ def test_size_one_axis_with_odd_stride(dt):
     assert lmmetrics.cross_entropy(v, t, reduction="none").tobytes() == \
         lmmetrics.cross_entropy(c, t, reduction="none").tobytes()
     assert lmmetrics.token_entropy(v).tobytes() == lmmetrics.token_entropy(c).tobytes()
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64", "float16"])
+def test_unaligned_buffer_is_copied(dt):
+    """Logits at an address that is not a multiple of their element size
+    (np.frombuffer at an odd offset): read from an aligned copy, the same
+    numbers as the aligned array."""
+    a = values((3, 11), dt)
+    raw = np.zeros(a.nbytes + 1, np.uint8)
+    raw[1:] = a.view(np.uint8).reshape(-1)
+    u = np.frombuffer(raw.data, dtype=dt, offset=1).reshape(a.shape)
+    assert not u.flags.aligned and u.flags.c_contiguous and np.array_equal(u, a)
+    d = _inputs.as_logits(u)
+    assert d.keep.flags.aligned and d.ptr % a.itemsize == 0
+    t = np.array([1, 5, 10])
+    assert lmmetrics.cross_entropy(u, t, reduction="none").tobytes() == \
+        lmmetrics.cross_entropy(a, t, reduction="none").tobytes()
 
 
 # -- 3. the same numbers from the fast path and a strided copy ----------------

@@ -184,7 +184,7 @@ def _collapse(shape: Sequence[int], strides: Sequence[int]) -> Optional[Tuple[in
 
 
 def as_logits(x: Any, name: str = "logits") -> Logits:
-    if type(x) is np.ndarray and x.ndim and x.size and x.flags.c_contiguous:
+    if type(x) is np.ndarray and x.ndim and x.size and x.flags.c_contiguous and x.flags.aligned:
         dtype = _NAMES.get(x.dtype)  # native byte order only
         if dtype is not None:  # the common case, described directly (what _describe gives)
             shape = x.shape
@@ -205,6 +205,8 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     item = a.itemsize
     if (a.shape[-1] > 1 and a.strides[-1] != item) or any(s % item for s in a.strides):
         a = np.ascontiguousarray(a)
+    if not a.flags.aligned:  # e.g. a field of a packed record: the core reads whole elements
+        a = a.copy()
     strides = tuple(s // item for s in a.strides[:-1])
     return _describe(a, a.__array_interface__["data"][0], dtype, a.shape, strides, False, name)
 

@@ -166,7 +166,9 @@ int main(void) {
                     double cap = (flags & LM_WANT_CAP) ? 30.0 : 0.0;
                     ref_t ref = reference(z, (flags & LM_WANT_REF) ? r : NULL, n, cap);
                     lm_state st, sc;
-                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, NULL, NULL, &st);
+                    /* where the data goes on (prefetched, never read): any address */
+                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, zb,
+                                         (flags & LM_WANT_REF) ? rb : NULL, &st);
                     lm_unit_scalar.kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap,
                                                   NULL, NULL, &sc);
                     check_state("unit", &st, &ref, dtype, n, flags, cap);
@@ -197,8 +199,10 @@ int main(void) {
             f[i] = (float)rng_normal();
             want = f[i] > want ? f[i] : want;
         }
-        got = unit->read(f, 4096);
-        expect(got == want, "read pass max", "unit", LM_F32, 4096, 0, got, want);
+        for (int prefetch = 0; prefetch < 2; prefetch++) {
+            got = unit->read(f, 4096, prefetch);
+            expect(got == want, "read pass max", "unit", LM_F32, 4096, prefetch, got, want);
+        }
     }
     free(zb); free(rb); free(z); free(r);
     if (failures) {
