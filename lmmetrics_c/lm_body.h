@@ -618,6 +618,8 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
         LM_CASE(LM_WANT_CAP)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_CAP)
+        LM_CASE(LM_WANT_REF)
+        LM_CASE(LM_WANT_REF | LM_WANT_CAP)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF | LM_WANT_CAP)
     default:
