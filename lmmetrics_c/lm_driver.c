@@ -391,6 +391,13 @@ static void lm_poll_step(lm_poll *p) {
     }
 }
 
+/* row i whole, unless the job was stopped; its status into status[i] */
+static void lm_row_item(const lm_ctx *x, lm_poll *poll, unsigned char *status, int64_t i) {
+    if (lm_stopped(poll)) return;
+    status[i] = (unsigned char)lm_whole_row(x, i);
+    lm_poll_step(poll);
+}
+
 /* the cost of an element of the job relative to LM_CHECK_WORK's unit:
  * libm's exp (float64) and a softcap take longer, a reference doubles it */
 static int64_t lm_cost(const lm_job *j) {
@@ -459,13 +466,13 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     } else {
         lm_poll poll = {j, LM_CHECK_WORK / (j->n_cols * lm_cost(j)), 0, 0};
         if (nt > n) nt = (int)n;
+        if (nt == 1) { /* no OpenMP region: 0.6 us a call less, which a one-row call sees */
+            for (int64_t i = 0; i < n; i++) lm_row_item(&x, &poll, status, i);
+        } else {
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+#pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-        for (int64_t i = 0; i < n; i++) {
-            if (lm_stopped(&poll)) continue;
-            status[i] = (unsigned char)lm_whole_row(&x, i);
-            lm_poll_step(&poll);
+            for (int64_t i = 0; i < n; i++) lm_row_item(&x, &poll, status, i);
         }
         if (poll.stop) err = LM_INTERRUPTED;
     }
