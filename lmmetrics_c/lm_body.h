@@ -339,9 +339,8 @@ typedef struct {
 /* A block [README: the pass]: the maxima of (z, r)[0, len) and the sums of
  * e = exp(z - shift), against shifts chosen before (finite multiples of
  * ln2f), prefetching pf[0, len) and pfr[0, len) (the data a few blocks
- * on). The lanes form
- * d against the lane maxima and the sums are moved to the shifts at the
- * end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
+ * on). The lanes form d against the lane maxima and the sums are moved to
+ * the shifts at the end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
  * does the block again if its maxima pass the maxima before by more than
  * LM_HEAD. */
 LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,

@@ -111,18 +111,25 @@ def _torch_logits(z: npt.NDArray[Any]) -> Any:
     return torch.from_numpy(z)
 
 
+def _torch() -> Any:
+    """torch, or None when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def torch_time(z: npt.NDArray[Any], targets: I64Array, threads: int, repeat: int) -> Optional[float]:
     """The best time of torch's F.cross_entropy (sum) on the same logits,
     None when torch is not installed."""
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
+    torch = _torch()
+    if torch is None:
         return None
     torch.set_num_threads(threads)
     zt, tt = _torch_logits(z), torch.from_numpy(targets)
     try:
-        return best_time(lambda: F.cross_entropy(zt, tt, reduction="sum"), repeat)
+        return best_time(lambda: torch.nn.functional.cross_entropy(zt, tt, reduction="sum"), repeat)
     except RuntimeError:  # an older torch without this dtype on the CPU
         return None
 
@@ -141,13 +148,11 @@ def small_call(repeat: int) -> Tuple[float, Optional[float]]:
         return best_time(batch, repeat) / 200
 
     ours = per_call(lambda: cross_entropy(z, t))
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
+    torch = _torch()
+    if torch is None:
         return ours, None
     zt, tt = torch.from_numpy(z), torch.from_numpy(t)
-    return ours, per_call(lambda: F.cross_entropy(zt, tt))
+    return ours, per_call(lambda: torch.nn.functional.cross_entropy(zt, tt))
 
 
 def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repeat: int,
@@ -155,7 +160,7 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
     """Print the table; 1 when a summed NLL is off its float64 reference
     by more than 1e-6 relative."""
     status = 0
-    have_torch = torch_time(np.zeros((1, 2), np.float32), np.zeros(1, np.int64), 1, 1) is not None
+    have_torch = _torch() is not None
     counts = " and ".join(str(n) for n in sorted({1, threads}))
     print_fn(f"lmmetrics bench: {tokens} x {vocab} logits, SIMD path {_core.active_isa()}, "
              f"{counts} thread(s); read-only pass = the fastest of each SIMD path's max loop, "
@@ -186,7 +191,6 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
             print(f"error: the {dtype} result is off the float64 reference by {rel:.1e}", file=sys.stderr)
             status = 1
         tt = torch_time(z, targets, threads, max(1, repeat // 2))
-        nll_all: Callable[[], object] = lambda: None
         for n in sorted({1, threads}):
             read_fn, name = read_pass([z], n, 2)
             nll_fn = functools.partial(cross_entropy, z, targets, reduction="sum", num_threads=n)
@@ -196,8 +200,8 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
                      f"{z.nbytes / read / 1e9:7.1f} {'':>8} {'':>7}  ({name})")
             print_fn(f"{'cross_entropy, ' + str(n) + ' thread(s)':30} {nll * 1e3:9.2f} "
                      f"{z.nbytes / nll / 1e9:7.1f} {read / nll:8.2f} {frac:7.2f}" + vs)
-            nll_all = nll_fn
-        nll, ev, ev_frac = paired(nll_all, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
+        # nll_fn: the NLL on all threads (the loop's last)
+        nll, ev, ev_frac = paired(nll_fn, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
         print_fn(f"{'evaluate, ' + str(threads) + ' thread(s)':30} {ev * 1e3:9.2f} {z.nbytes / ev / 1e9:7.1f} "
                  f"{'':>8} {'':>7}  ({ev / nll:.2f}x cross_entropy, median {1 / ev_frac:.2f}x)")
         half = tokens // 2
