@@ -13,7 +13,10 @@
 #define LM_SEGMENT 32768
 /* Inside a segment: blocks that stay in L1 while the next one streams in. */
 #define LM_BLOCK 4096
-#define LM_PREFETCH_BYTES 16384
+/* how far ahead the kernels prefetch: 4 KB (64 lines) covers the memory's
+ * latency at one core's bandwidth; further ahead, non-temporal lines
+ * (L1 only on some cores) were evicted before use [README: prefetch] */
+#define LM_PREFETCH_BYTES 4096
 /* the cache line: the kernels prefetch each line once */
 #define LM_LINE 64
 
