@@ -4,7 +4,8 @@
  *   lmv_t (a vector of LMV_W lanes of LMV_LANE), lmv_set1, lmv_add, lmv_sub,
  *   lmv_mul, lmv_div, lmv_fma (fused), lmv_max, lmv_min, lmv_abs, lmv_copysign,
  *   lmv_scale, lmv_pow2q, lmv_sel_n0, lmv_zero_below, lmv_any_eq, lmv_store,
- *   lmv_loadu (and optionally lmv_i16_t and lmv_imax16*),
+ *   lmv_loadu (and optionally lmv_i16_t and lmv_imax16*, and lmv_acc_t,
+ *   lmv_acc_fma, lmv_acc_sum: the lane sums' type, lmv_t by default),
  * and the dtype macros
  *   LM_ELEM            the storage type, LM_ELEM_NEGINF its -inf,
  *   LM_LOAD2(p, a, b)  load 2*LMV_W elements into two vectors (any lane order),
@@ -292,10 +293,23 @@ LM_INLINE void LM_FN(prefetch_)(uintptr_t pf, int64_t j) {
  * formed against (the max so far: a one-hot row's d is then 0). */
 typedef struct { lmv_t lo, arg, lane_max; } LM_FN(terms_t);
 
-/* The float lane sums of a block: sum e, sum e d, the reference's sum e_r
+/* The lane sums' type: the vector's own, unless the ISA header names one
+ * (the portable path's single lane sums in double: one float would take
+ * 128 terms, against 8-44 a lane where a row has 700 elements on the
+ * vector paths [README: accuracy]). */
+#ifndef lmv_acc_t
+#define lmv_acc_t lmv_t
+#define lmv_acc_fma lmv_fma
+#define lmv_acc_sum(v) LM_FN(hsum_)(v)
+#endif
+
+/* The lane sums of a block: sum e, sum e d, the reference's sum e_r
  * and cross term sum e_r (d_r - d), the maxima, and the largest cross
  * difference (see LM_CROSS_BIG). */
-typedef struct { lmv_t sum, dsum, ref_sum, cross, max, ref_max, cross_max; } LM_FN(lanes_t);
+typedef struct {
+    lmv_acc_t sum, dsum, ref_sum, cross;
+    lmv_t max, ref_max, cross_max;
+} LM_FN(lanes_t);
 
 LM_INLINE LM_FN(terms_t) LM_FN(terms_)(double shift, LMV_LANE lane_max) {
     LM_FN(terms_t) k;
@@ -314,16 +328,16 @@ LM_INLINE void LM_FN(term_)(lmv_t x, lmv_t y, const LM_FN(terms_t) *kz, const LM
     lmv_t xc = lmv_max(kz->lo, x), sc, p;
     if (track_max) a->max = lmv_max(x, a->max);
     p = LM_FN(expq_)(xc, kz->arg, &sc);
-    a->sum = lmv_fma(p, sc, a->sum);
-    if (ent) a->dsum = lmv_fma(lmv_mul(p, sc), lmv_sub(xc, kz->lane_max), a->dsum);
+    a->sum = lmv_acc_fma(p, sc, a->sum);
+    if (ent) a->dsum = lmv_acc_fma(lmv_mul(p, sc), lmv_sub(xc, kz->lane_max), a->dsum);
     if (ref) {
         lmv_t yc = lmv_max(kr->lo, y), d;
         if (track_max) a->ref_max = lmv_max(y, a->ref_max);
         p = LM_FN(expq_)(yc, kr->arg, &sc);
-        a->ref_sum = lmv_fma(p, sc, a->ref_sum);
+        a->ref_sum = lmv_acc_fma(p, sc, a->ref_sum);
         d = lmv_sub(lmv_sub(y, kr->lane_max), lmv_sub(x, kz->lane_max));
         a->cross_max = lmv_max(d, a->cross_max);
-        a->cross = lmv_fma(lmv_mul(p, sc), lmv_zero_below(d, y, kr->lo), a->cross);
+        a->cross = lmv_acc_fma(lmv_mul(p, sc), lmv_zero_below(d, y, kr->lo), a->cross);
     }
 }
 
@@ -372,11 +386,11 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
         LM_FN(term_)(za, ra, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
         LM_FN(term_)(zb, rb, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
     }
-    out.sum = LM_FN(hsum_)(a.sum);
-    out.ref_sum = ref ? LM_FN(hsum_)(a.ref_sum) : 0.0;
+    out.sum = lmv_acc_sum(a.sum);
+    out.ref_sum = ref ? lmv_acc_sum(a.ref_sum) : 0.0;
     /* the lanes' d used the lane maxima: move dsum and cross to the shifts */
-    out.dsum = ent ? LM_FN(hsum_)(a.dsum) + ((double)lane_max - shift) * out.sum : 0.0;
-    out.cross = ref ? LM_FN(hsum_)(a.cross) +
+    out.dsum = ent ? lmv_acc_sum(a.dsum) + ((double)lane_max - shift) * out.sum : 0.0;
+    out.cross = ref ? lmv_acc_sum(a.cross) +
                       (((double)ref_lane_max - ref_shift) - ((double)lane_max - shift)) * out.ref_sum
                     : 0.0;
 #if LM_RAWMAX
@@ -400,10 +414,12 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
 #ifndef LM_LIBM_EXP
 /* exact / computed exp(m - shift), m a lane value [README: fix] */
 LM_INLINE double LM_FN(fix_)(double m, double shift) {
-    LMV_LANE e[LMV_W];
+    /* computed as the sums took it: a lane sum of p sc from 0 (every lane
+     * holds the same term, so the lanes' sum in double is LMV_W times it) */
     lmv_t sc, p = LM_FN(expq_)(lmv_set1(m), LM_FN(expq_arg_)(shift), &sc);
-    lmv_store(e, lmv_mul(p, sc));
-    return exp(m - shift) / (double)e[0];
+    lmv_acc_t e = lmv_set1(0.0f);
+    e = lmv_acc_fma(p, sc, e);
+    return exp(m - shift) / (lmv_acc_sum(e) / LMV_W);
 }
 #endif
 

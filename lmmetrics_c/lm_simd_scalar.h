@@ -21,6 +21,9 @@
 #undef lmv_zero_below
 #undef lmv_loadu
 #undef lmv_any_eq
+#undef lmv_acc_t
+#undef lmv_acc_fma
+#undef lmv_acc_sum
 
 #ifndef LM_SIMD_SCALAR_ONCE
 #define LM_SIMD_SCALAR_ONCE
@@ -65,6 +68,16 @@ static inline float lm_pow2q(float t) {
 #define lmv_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
 #define lmv_any_eq(a, b) ((a) == (b))
 #define lmv_zero_below(x, y, lo) ((y) >= (lo) ? (x) : (LMV_LANE)0)
+/* one lane sums in double; a product of two floats is exact in double,
+ * so that a plain add rounds once, like a fused one (and needs no libm
+ * fma where the target has no FMA) */
+#define lmv_acc_t double
+#ifdef LM_LIBM_EXP
+#define lmv_acc_fma(a, b, c) fma(a, b, c)
+#else
+#define lmv_acc_fma(a, b, c) ((c) + (double)(a) * (double)(b))
+#endif
+#define lmv_acc_sum(v) (v)
 
 #define LM_LOAD2_F32(p, a, b) do { a = (p)[0]; b = (p)[1]; } while (0)
 #define LM_LANE_F32(k) (k)
