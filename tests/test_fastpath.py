@@ -423,3 +423,82 @@ def test_read_pass_refuses_unknown_and_unsupported_paths():
             with pytest.raises(ValueError, match="not available"):
                 _core.read_pass(addr(buf), buf.size, 1, bad, pf)
     assert missing  # x86 has no neon, ARM no avx2 / avx512
+
+
+# -- _core.run's targets and outputs: plain buffer requests -----------------
+
+def _run_rows(z, targets, outputs):
+    return _core.run(dtype=_core.DTYPES["float32"], n_rows=z.shape[0], n_cols=z.shape[1],
+                     rows_inner=z.shape[0], logits=(addr(z), z.shape[1], z.shape[1]),
+                     targets=targets, outputs=outputs)
+
+
+def test_core_run_fills_the_outputs_it_is_given():
+    rng = np.random.default_rng(4)
+    z = rng.standard_normal((3, 40)).astype(np.float32)
+    t = np.array([0, 39, 7])
+    zz = z.astype(np.float64)
+    lse = np.log(np.exp(zz).sum(1))
+    p = np.exp(zz - lse[:, None])
+    nll, ent, amax = np.full(3, -1.0), np.full(3, -1.0), np.full(3, -7, np.int64)
+    readonly_t = t.copy()
+    readonly_t.flags.writeable = False  # targets are only read
+    status, bad, total, counted = _run_rows(z, readonly_t, (nll, ent, amax))
+    assert (status, bad, counted) == (0, -1, 3)
+    np.testing.assert_allclose(nll, lse - zz[np.arange(3), t], atol=2e-6)
+    np.testing.assert_allclose(ent, -(p * np.log(p)).sum(1), atol=2e-6)
+    np.testing.assert_array_equal(amax, zz.argmax(1))
+    assert total == pytest.approx((lse - zz[np.arange(3), t]).sum(), rel=1e-7)
+    # fewer outputs than six: the rest are None; none at all: only the count
+    nll2 = np.empty(3)
+    assert _run_rows(z, t, (nll2,))[0] == 0 and np.array_equal(nll2, nll)
+    assert _run_rows(z, t, ())[1:] == (-1, 0.0, 3)
+
+
+@pytest.mark.parametrize("targets,outputs,err,needle", [
+    (np.array([1, 2, 3], np.int32), (), ValueError, "targets must be a 1-D C-contiguous aligned native int64"),
+    (np.frombuffer(b"x" + np.arange(3).tobytes(), np.int64, offset=1), (), ValueError, "targets must be"),
+    (np.arange(3).astype(">i8"), (), ValueError, "targets must be"),
+    (np.array([1, 2, 3, 4]), (), ValueError, "targets holds 4 values for 3 rows"),
+    (np.array([1, 2, 3]), (np.empty(4),), ValueError, "nll holds 4 values for 3 rows"),
+    (np.array([1, 2, 3]), (np.empty(3, np.float32),), ValueError, "nll must be a 1-D C-contiguous aligned native float64"),
+    (np.array([1, 2, 3]), (None, None, np.empty(3)), ValueError, "argmax must be a 1-D C-contiguous aligned native int64"),
+    (np.array([1, 2, 3]), (None, np.empty((3, 1))), ValueError, "entropy must be a 1-D"),
+    (np.array([1, 2, 3]), (None, np.empty((3, 2))[:, 0]), ValueError, "contiguous"),
+    (np.array([1, 2, 3]), (None,) * 7, ValueError, "outputs holds 7 arrays, at most 6"),
+])
+def test_core_run_refuses_what_is_not_one_value_a_row(targets, outputs, err, needle):
+    z = np.zeros((3, 8), np.float32)
+    with pytest.raises(err, match=needle):
+        _run_rows(z, targets, outputs)
+
+
+def test_core_run_refuses_a_read_only_output_and_releases_what_it_held():
+    z = np.zeros((3, 8), np.float32)
+    # memoryviews over bytearrays: release() fails while a buffer is held
+    t = memoryview(bytearray(np.array([1, 2, 3], np.int64).tobytes())).cast("q")
+    nll = memoryview(bytearray(24)).cast("d")
+    ro = np.empty(3)
+    ro.flags.writeable = False
+    with pytest.raises((ValueError, BufferError), match="read-only"):
+        _run_rows(z, t, (nll, ro))
+    assert _run_rows(z, t, (nll,))[0] == 0
+    assert list(nll) == pytest.approx([np.log(8)] * 3, rel=1e-7)
+    t.release()  # BufferError if run still held them
+    nll.release()
+
+
+def test_unaligned_targets_are_copied_aligned():
+    # int64 targets at an odd offset (a memory-mapped tensor, a packed
+    # buffer): read through an aligned copy, the same numbers
+    rng = np.random.default_rng(6)
+    z = rng.standard_normal((4, 30)).astype(np.float32)
+    t = rng.integers(0, 30, 4)
+    odd = np.frombuffer(b"x" + t.tobytes(), np.int64, offset=1)
+    assert not odd.flags.aligned and _inputs.as_targets(odd, _inputs.as_logits(z), check_range=False).flags.aligned
+    zz = z.astype(np.float64)
+    want = np.log(np.exp(zz).sum(1)) - zz[np.arange(4), t]
+    for check in (False, True):
+        got = _inputs.as_targets(odd, _inputs.as_logits(z), check_range=check)
+        assert got.flags.aligned and np.array_equal(got, t)
+    np.testing.assert_allclose(lmmetrics.token_nll(z, odd), want, atol=2e-6)

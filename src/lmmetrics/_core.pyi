@@ -1,7 +1,7 @@
 """Type stub of the native core (lmmetrics_c/_core.pyx): its Python-visible
 API only. Keep it in step with the .pyx."""
 from enum import IntEnum
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -34,16 +34,12 @@ def run(
     targets: Optional[npt.NDArray[np.int64]] = None,
     ignore_index: int = -100,
     softcap: float = 0.0,
-    nll: Optional[npt.NDArray[np.float64]] = None,
-    entropy: Optional[npt.NDArray[np.float64]] = None,
-    argmax: Optional[npt.NDArray[np.int64]] = None,
-    kl: Optional[npt.NDArray[np.float64]] = None,
-    ref_argmax: Optional[npt.NDArray[np.int64]] = None,
-    ref_nll: Optional[npt.NDArray[np.float64]] = None,
+    outputs: Tuple[Optional[npt.NDArray[Any]], ...] = (),
     num_threads: int = 0,
 ) -> Tuple[int, int, float, int]:
     """(status, first bad row, NLL sum, rows counted); status is an
-    lm_status value as a plain int."""
+    lm_status value as a plain int. outputs: (nll, entropy, argmax, kl,
+    ref_argmax, ref_nll), float64 / int64 arrays or None."""
 
 def isa_supported(name: str) -> bool: ...
 def address(obj: object) -> int: ...

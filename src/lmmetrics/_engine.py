@@ -254,9 +254,8 @@ def _native(lg: Logits, ref: Optional[Logits], out: RowResults, rows: Optional[s
         dtype=_core.DTYPES[lg.dtype], n_rows=lg.n_rows, n_cols=lg.n_cols, rows_inner=lg.rows_inner,
         logits=(lg.ptr, lg.row_stride, lg.outer_stride),
         reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
-        targets=tgt, ignore_index=out.ignore_index, softcap=cap, num_threads=threads,
-        nll=o.nll, entropy=o.entropy, argmax=o.argmax, kl=o.kl, ref_argmax=o.ref_argmax,
-        ref_nll=o.ref_nll)
+        targets=tgt, ignore_index=out.ignore_index, softcap=cap,
+        outputs=(o.nll, o.entropy, o.argmax, o.kl, o.ref_argmax, o.ref_nll), num_threads=threads)
     if not status:
         return nll_sum, n_counted
     if status == Status.LM_ERR_TARGET and tgt is not None:

@@ -284,11 +284,11 @@ def _first_above(a: npt.NDArray[np.integer[Any]], limit: int) -> Optional[int]:
 
 def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
                ignore_index: int = -100) -> I64Array:
-    """Targets as contiguous int64 of n_rows. With check_range, a counted
+    """Targets as contiguous, aligned int64 of n_rows. With check_range, a counted
     target (neither negative nor ignore_index) >= vocab is a ValueError here
     (the native core checks them itself)."""
     if (type(targets) is np.ndarray and targets.dtype == np.int64 and targets.flags.c_contiguous
-            and targets.shape == logits.lead_shape and not check_range):
+            and targets.flags.aligned and targets.shape == logits.lead_shape and not check_range):
         return targets.reshape(-1)  # the common case: nothing to convert or check here
     t = as_index_array(targets, "targets")
     if t.shape != logits.lead_shape:
@@ -305,7 +305,10 @@ def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
         if bad.any():
             i = int(np.argmax(bad))
             raise target_error(flat[i], i, logits.n_cols, logits.lead_shape)
-    return np.ascontiguousarray(flat, dtype=np.int64)
+    out = np.ascontiguousarray(flat, dtype=np.int64)
+    # e.g. a memory-mapped file's tensor at an odd offset: the core reads
+    # whole int64 values, so an aligned copy
+    return out if out.flags.aligned else out.copy()
 
 # A table entry (bytes or characters of one token) above this is refused:
 # sums over 2^31 tokens stay within int64.
