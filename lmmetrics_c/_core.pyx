@@ -11,6 +11,7 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_SIMPLE, PyB
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.string cimport strcmp
 
 cdef extern from "lm_kernel.h" nogil:
     cpdef enum lm_status:
@@ -112,22 +113,31 @@ _INT64[:] = [True, False, False, True, False, True, False]
 cdef int _hold(object a, Py_buffer *view, int k, int64_t n_rows) except -1:
     """Acquire array k's buffer (a plain buffer request: a typed memoryview
     costs about 0.3 us more an array, which a one-row call sees): 1-D,
-    C-contiguous, native and aligned int64 or float64 as _INT64 says (numpy
-    gives an unaligned or byte-swapped array a format with a prefix, "=q"),
-    writable for the outputs, n_rows values; else ValueError (BufferError
-    for a read-only output) naming it."""
+    C-contiguous, native int64 or float64 as _INT64 says (numpy gives an
+    unaligned or byte-swapped array a format with a prefix, "=q"), at an
+    address aligned to 8, writable for the outputs, n_rows values; else
+    ValueError (BufferError for a read-only output) naming it. Checked in C
+    before any Python object is made, so that nothing stands between a
+    failed check and the release."""
     PyObject_GetBuffer(a, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (PyBUF_WRITABLE if k else 0))
-    fmt = view.format
-    if (view.ndim != 1 or view.itemsize != 8 or
-            (fmt not in (b"l", b"q") if _INT64[k] else fmt != b"d")):
-        PyBuffer_Release(view)
+    cdef const char *f = view.format
+    cdef bint ok = (view.ndim == 1 and view.itemsize == 8 and f != NULL
+                    and (<uintptr_t>view.buf) % 8 == 0
+                    and ((strcmp(f, b"l") == 0 or strcmp(f, b"q") == 0) if _INT64[k]
+                         else strcmp(f, b"d") == 0))
+    cdef Py_ssize_t got = view.shape[0] if view.ndim == 1 else -1
+    if ok and got == n_rows:
+        return 0
+    PyBuffer_Release(view)
+    if not ok:
         raise ValueError(f"lmmetrics: {_ARRAYS[k]} must be a 1-D C-contiguous aligned native "
                          f"{'int64' if _INT64[k] else 'float64'} array")
-    if view.shape[0] != n_rows:
-        got = view.shape[0]
-        PyBuffer_Release(view)
-        raise ValueError(f"lmmetrics: {_ARRAYS[k]} holds {got} values for {n_rows} rows")
-    return 0
+    raise ValueError(f"lmmetrics: {_ARRAYS[k]} holds {got} values for {n_rows} rows")
+
+
+cdef void _check_buffer(str name, tuple b) except *:
+    if len(b) != 3:
+        raise ValueError(f"lmmetrics: {name} must be (address, row stride, outer stride), got {b!r}")
 
 
 def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple logits,
@@ -151,6 +161,9 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     cdef void *ptrs[7]
     cdef list raised = []
     cdef Py_ssize_t n_out = len(outputs)
+    _check_buffer("logits", logits)
+    if reference is not None:
+        _check_buffer("reference", reference)
     if n_out > _N_ARRAYS - 1:
         raise ValueError(f"lmmetrics: outputs holds {n_out} arrays, at most {_N_ARRAYS - 1}")
     try:

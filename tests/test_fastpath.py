@@ -436,7 +436,7 @@ def _run_rows(z, targets, outputs):
 def test_core_run_fills_the_outputs_it_is_given():
     rng = np.random.default_rng(4)
     z = rng.standard_normal((3, 40)).astype(np.float32)
-    t = np.array([0, 39, 7])
+    t = np.array([0, 39, 7], np.int64)
     zz = z.astype(np.float64)
     lse = np.log(np.exp(zz).sum(1))
     p = np.exp(zz - lse[:, None])
@@ -457,15 +457,17 @@ def test_core_run_fills_the_outputs_it_is_given():
 
 @pytest.mark.parametrize("targets,outputs,err,needle", [
     (np.array([1, 2, 3], np.int32), (), ValueError, "targets must be a 1-D C-contiguous aligned native int64"),
-    (np.frombuffer(b"x" + np.arange(3).tobytes(), np.int64, offset=1), (), ValueError, "targets must be"),
-    (np.arange(3).astype(">i8"), (), ValueError, "targets must be"),
-    (np.array([1, 2, 3, 4]), (), ValueError, "targets holds 4 values for 3 rows"),
-    (np.array([1, 2, 3]), (np.empty(4),), ValueError, "nll holds 4 values for 3 rows"),
-    (np.array([1, 2, 3]), (np.empty(3, np.float32),), ValueError, "nll must be a 1-D C-contiguous aligned native float64"),
-    (np.array([1, 2, 3]), (None, None, np.empty(3)), ValueError, "argmax must be a 1-D C-contiguous aligned native int64"),
-    (np.array([1, 2, 3]), (None, np.empty((3, 1))), ValueError, "entropy must be a 1-D"),
-    (np.array([1, 2, 3]), (None, np.empty((3, 2))[:, 0]), ValueError, "contiguous"),
-    (np.array([1, 2, 3]), (None,) * 7, ValueError, "outputs holds 7 arrays, at most 6"),
+    (np.frombuffer(b"x" + np.arange(3, dtype=np.int64).tobytes(), np.int64, offset=1), (), ValueError,
+     "targets must be"),
+    (np.arange(3, dtype=np.int64).astype(np.dtype(np.int64).newbyteorder()), (), ValueError, "targets must be"),
+    (memoryview(bytearray(25))[1:].cast("q"), (), ValueError, "targets must be"),  # at an odd address
+    (np.array([1, 2, 3, 4], np.int64), (), ValueError, "targets holds 4 values for 3 rows"),
+    (np.array([1, 2, 3], np.int64), (np.empty(4),), ValueError, "nll holds 4 values for 3 rows"),
+    (np.array([1, 2, 3], np.int64), (np.empty(3, np.float32),), ValueError, "nll must be a 1-D C-contiguous aligned native float64"),
+    (np.array([1, 2, 3], np.int64), (None, None, np.empty(3)), ValueError, "argmax must be a 1-D C-contiguous aligned native int64"),
+    (np.array([1, 2, 3], np.int64), (None, np.empty((3, 1))), ValueError, "entropy must be a 1-D"),
+    (np.array([1, 2, 3], np.int64), (None, np.empty((3, 2))[:, 0]), ValueError, "contiguous"),
+    (np.array([1, 2, 3], np.int64), (None,) * 7, ValueError, "outputs holds 7 arrays, at most 6"),
 ])
 def test_core_run_refuses_what_is_not_one_value_a_row(targets, outputs, err, needle):
     z = np.zeros((3, 8), np.float32)
@@ -493,7 +495,7 @@ def test_unaligned_targets_are_copied_aligned():
     # buffer): read through an aligned copy, the same numbers
     rng = np.random.default_rng(6)
     z = rng.standard_normal((4, 30)).astype(np.float32)
-    t = rng.integers(0, 30, 4)
+    t = rng.integers(0, 30, 4).astype(np.int64)
     odd = np.frombuffer(b"x" + t.tobytes(), np.int64, offset=1)
     assert not odd.flags.aligned and _inputs.as_targets(odd, _inputs.as_logits(z), check_range=False).flags.aligned
     zz = z.astype(np.float64)
@@ -502,3 +504,9 @@ def test_unaligned_targets_are_copied_aligned():
         got = _inputs.as_targets(odd, _inputs.as_logits(z), check_range=check)
         assert got.flags.aligned and np.array_equal(got, t)
     np.testing.assert_allclose(lmmetrics.token_nll(z, odd), want, atol=2e-6)
+
+
+@pytest.mark.parametrize("logits,reference", [((0, 1), None), ((0, 1, 1, 1), None), ((0, 1, 1), (0,))])
+def test_core_run_refuses_a_malformed_buffer_tuple(logits, reference):
+    with pytest.raises(ValueError, match="must be \\(address, row stride, outer stride\\)"):
+        _core.run(dtype=0, n_rows=1, n_cols=1, rows_inner=1, logits=logits, reference=reference)
