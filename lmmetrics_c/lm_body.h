@@ -274,17 +274,22 @@ LM_INLINE LMV_LANE LM_FN(rawmax_)(lmv_i16_t acc, const LM_ELEM *z, int64_t len) 
 
 /* ------------------------------------------------------------- one block */
 
-/* Prefetch the bytes step j of a block reads, at address pf + j elements
- * (data a fixed distance ahead): each LM_LINE-byte line once, for any step
- * size (a step of 128 bytes spans two lines, one of 32 bytes half a line).
- * Addresses are integers: near the end of the data they pass the buffer's
- * end, which a prefetch may do and pointer arithmetic may not. */
-LM_INLINE void LM_FN(prefetch_)(uintptr_t pf, int64_t j) {
+/* Where a block prefetches (the data a fixed distance ahead): step j's
+ * elements lie at in + j elements while j < cut (in the segment), at
+ * out + j past it (the segment after it, or the next row's). Addresses are
+ * integers: they may pass a buffer's ends, which a prefetch may do and
+ * pointer arithmetic may not. */
+typedef struct { uintptr_t in, out; int64_t cut; } LM_FN(ahead_t);
+
+/* Prefetch the bytes step j of a block reads, at base + j elements: each
+ * LM_LINE-byte line once, for any step size (a step of 128 bytes spans two
+ * lines, one of 32 bytes half a line). */
+LM_INLINE void LM_FN(prefetch_)(uintptr_t base, int64_t j) {
     const int64_t bytes = LM_STEP * (int64_t)sizeof(LM_ELEM), at = j * (int64_t)sizeof(LM_ELEM);
     if (bytes >= LM_LINE) {
-        for (int64_t q = 0; q < bytes; q += LM_LINE) LM_PREFETCH(pf + (uintptr_t)(at + q));
+        for (int64_t q = 0; q < bytes; q += LM_LINE) LM_PREFETCH(base + (uintptr_t)(at + q));
     } else if (at % LM_LINE == 0) {
-        LM_PREFETCH(pf + (uintptr_t)at);
+        LM_PREFETCH(base + (uintptr_t)at);
     }
 }
 
@@ -352,13 +357,13 @@ typedef struct {
 
 /* A block [README: the pass]: the maxima of (z, r)[0, len) and the sums of
  * e = exp(z - shift), against shifts chosen before (finite multiples of
- * ln2f), prefetching pf[0, len) and pfr[0, len) (the data a few blocks
+ * ln2f), prefetching len elements at pf and pfr (the data a few blocks
  * on). The lanes form d against the lane maxima and the sums are moved to
  * the shifts at the end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
  * does the block again if its maxima pass the maxima before by more than
  * LM_HEAD. */
 LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
-                                        uintptr_t pf, uintptr_t pfr,
+                                        const LM_FN(ahead_t) pf, const LM_FN(ahead_t) pfr,
                                         double shift, double ref_shift, LMV_LANE lane_max,
                                         LMV_LANE ref_lane_max, const int ent, const int ref,
                                         const LM_FN(loader_t) ld) {
@@ -371,20 +376,27 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
 #if LM_RAWMAX
     lmv_i16_t imx = lmv_imax16_init(), rimx = imx;
 #endif
-    for (int64_t j = 0; j < len; j += LM_STEP) {
-        lmv_t za, zb, ra = zero, rb = zero;
-        LM_FN(load_)(z + j, ld, &za, &zb);
-        LM_FN(prefetch_)(pf, j);
-        if (ref) LM_FN(prefetch_)(pfr, j);
+    /* the steps before the prefetch's cut, then those after it: no
+     * choice of address in the loop */
+    const int64_t cut = pf.cut <= 0 ? 0 : pf.cut >= len ? len : (pf.cut + LM_STEP - 1) / LM_STEP * LM_STEP;
+    int64_t j = 0;
+    for (int part = 0; part < 2; part++) {
+        const uintptr_t at = part ? pf.out : pf.in, ref_at = part ? pfr.out : pfr.in;
+        for (; j < (part ? len : cut); j += LM_STEP) {
+            lmv_t za, zb, ra = zero, rb = zero;
+            LM_FN(load_)(z + j, ld, &za, &zb);
+            LM_FN(prefetch_)(at, j);
+            if (ref) LM_FN(prefetch_)(ref_at, j);
 #if LM_RAWMAX
-        if (!capped) {
-            imx = lmv_imax16(imx, z + j);
-            if (ref) rimx = lmv_imax16(rimx, r + j);
-        }
+            if (!capped) {
+                imx = lmv_imax16(imx, z + j);
+                if (ref) rimx = lmv_imax16(rimx, r + j);
+            }
 #endif
-        if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
-        LM_FN(term_)(za, ra, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
-        LM_FN(term_)(zb, rb, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
+            if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
+            LM_FN(term_)(za, ra, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
+            LM_FN(term_)(zb, rb, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
+        }
     }
     out.sum = lmv_acc_sum(a.sum);
     out.ref_sum = ref ? lmv_acc_sum(a.ref_sum) : 0.0;
@@ -508,13 +520,18 @@ LM_INLINE void LM_FN(take_)(lm_side *zs, lm_side *rs, double *cross, const LM_FN
     if (ref && rs->shift != -INFINITY) { rs->sum += b->ref_sum; *cross += b->cross; }
 }
 
-/* Where to prefetch for a block: element o of the segment p[0, n) (o past
- * the block's start by the prefetch distance), else of what comes after
- * the segment (next: the next segment or row; none: the block itself). */
-LM_INLINE uintptr_t LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, const void *next,
-                                  const LM_ELEM *block) {
-    if (o < n) return (uintptr_t)(p + o);
-    return next ? (uintptr_t)next + (uintptr_t)((o - n) * (int64_t)sizeof(LM_ELEM)) : (uintptr_t)block;
+/* Where a block prefetches: from element o of the segment p[0, n) on (o
+ * past the block's start by the prefetch distance), going on at next (the
+ * next segment or row) past the segment's end; with no next, the block
+ * itself (from L1, a no-op). */
+LM_INLINE LM_FN(ahead_t) LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, const void *next,
+                                       const LM_ELEM *block) {
+    const uintptr_t es = sizeof(LM_ELEM);
+    LM_FN(ahead_t) a;
+    a.cut = n - o;
+    a.in = (uintptr_t)p + (uintptr_t)o * es;
+    a.out = next ? (uintptr_t)next - (uintptr_t)a.cut * es : (uintptr_t)block;
+    return a;
 }
 
 /* The segment z[0, n) (and r[0, n)) into *st [README: the pass]; next and
@@ -546,8 +563,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
         const LM_FN(span_t) sp = LM_FN(span_)(k, nmain, blk, nv, z, ref ? r : NULL, tz, tr, ld, ldt);
         const int64_t o = k * blk + pfe;
         /* prefetch a fixed distance ahead: in this segment, else the next */
-        const uintptr_t pf = LM_FN(ahead_)(z, n, o, next, sp.z);
-        const uintptr_t pfr = ref ? LM_FN(ahead_)(r, n, o, next_ref, sp.r) : 0;
+        const LM_FN(ahead_t) pf = LM_FN(ahead_)(z, n, o, next, sp.z);
+        const LM_FN(ahead_t) pfr = ref ? LM_FN(ahead_)(r, n, o, next_ref, sp.r) : pf;
         LM_FN(block_t) b;
         int redo;
         if (k == 0) { /* a first look at the maxima: the first shifts */
@@ -569,8 +586,9 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             return;
         }
         if (redo) { /* again, from L1, against the new shifts and maxima */
-            b = LM_FN(block_)(sp.z, sp.r, sp.len, (uintptr_t)sp.z, (uintptr_t)sp.r,
-                              lm_effective(zs.shift),
+            const LM_FN(ahead_t) here = {(uintptr_t)sp.z, (uintptr_t)sp.z, sp.len},
+                                 ref_here = {(uintptr_t)sp.r, (uintptr_t)sp.r, sp.len};
+            b = LM_FN(block_)(sp.z, sp.r, sp.len, here, ref_here, lm_effective(zs.shift),
                               lm_effective(rs.shift), LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs),
                               ent, ref, sp.ld);
             if (b.cross_big) { st->exact = 1; return; }
