@@ -125,23 +125,30 @@ LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, const LM_FN(cap_t) *k) {
  * N - QK in its low bits, N = round(Q z / ln2); r = z - N ln2f / Q (one
  * fused rounding, |r| <= ln2 / 2Q); e^r by a polynomial and sc =
  * 2^((N - QK) / Q) from the table and the exponent field (lmv_pow2q).
- * Q = 2^LM_QBITS (the ISA's choice): 4, a cubic (3e-7 relative); 16, a
- * quadratic (4.3e-7, its mean error over r nil); 32, a quadratic (5e-8).
- * NaN in z gives a NaN p. */
+ * Q = 2^LM_QBITS (the ISA's choice): 4, a quartic (4.4e-9 relative); 8, a
+ * cubic (2.7e-8); 16, a cubic (1.6e-9); 32, a cubic (1e-10); each fitted
+ * for relative error with 1 + r its first terms where it could be (e^0
+ * exact), before the result's rounding (3e-8). Not less: where many terms
+ * share a value (a flat row, a fresh model's) their errors add up instead
+ * of averaging out [README: the exp]. NaN in z gives a NaN p. */
 #define LM_Q (1 << LM_QBITS)
 LM_INLINE lmv_t LM_FN(expq_)(lmv_t z, lmv_t c1, lmv_t *sc) {
     lmv_t t = lmv_fma(z, lmv_set1(LM_Q * 1.44269504088896341f), c1); /* Q / ln 2 */
     lmv_t r = lmv_fma(lmv_sub(t, c1), lmv_set1(-LM_LN2F / LM_Q), z);    /* ln2f / Q, exact */
     *sc = lmv_pow2q(t);
 #if LM_QBITS >= 5
-    return lmv_fma(lmv_fma(lmv_set1(0.4999963045120239f), r, lmv_set1(1.0000146627426147f)), r,
-                 lmv_set1(1.0f));
+    return lmv_fma(lmv_fma(lmv_fma(lmv_set1(0.16666518f), r, lmv_set1(0.50000405f)), r,
+                           lmv_set1(1.0f)), r, lmv_set1(1.0f));
 #elif LM_QBITS == 4
-    return lmv_fma(lmv_fma(lmv_set1(0.50002372265f), r, lmv_set1(1.0000588894f)), r, lmv_set1(1.0f));
+    return lmv_fma(lmv_fma(lmv_fma(lmv_set1(0.16666074f), r, lmv_set1(0.5000162f)), r,
+                           lmv_set1(1.0f)), r, lmv_set1(1.0f));
+#elif LM_QBITS == 3
+    return lmv_fma(lmv_fma(lmv_fma(lmv_set1(0.16664298f), r, lmv_set1(0.5000648f)), r,
+                           lmv_set1(1.0f)), r, lmv_set1(1.0f));
 #else
-    return lmv_fma(lmv_fma(lmv_fma(lmv_set1(0.16660411655902863f), r, lmv_set1(0.5003126263618469f)), r,
-                       lmv_set1(1.0000005960464478f)),
-                 r, lmv_set1(0.9999997019767761f));
+    return lmv_fma(lmv_fma(lmv_fma(lmv_fma(lmv_set1(0.041658282f), r, lmv_set1(0.16674428f)), r,
+                                   lmv_set1(0.5000001f)), r, lmv_set1(0.9999999f)),
+                   r, lmv_set1(1.0f));
 #endif
 }
 LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) {
@@ -153,7 +160,7 @@ LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) {
  * again against the new shift [README: the redo rule]. */
 #define LM_HEAD 1.0
 /* |K| bound for c1 = MAGIC - QK to stay exact: rows whose maxima pass
- * +-2^21 ln2 / Q (3.6e5 for Q = 4, 9.1e4 for Q = 16, 4.5e4 for Q = 32) take
+ * +-2^21 ln2 / Q (3.6e5 for Q = 4, 1.8e5 for Q = 8, 9.1e4 for Q = 16, 4.5e4 for Q = 32) take
  * the exact path. */
 #define LM_KMAX (2097152.0 / LM_Q)
 /* With libm's exp (float64 lanes) the shift is the max itself; rows whose
@@ -307,14 +314,41 @@ typedef struct { lmv_t lo, arg, lane_max; } LM_FN(terms_t);
 #define lmv_acc_fma lmv_fma
 #define lmv_acc_sum(v) LM_FN(hsum_)(v)
 #endif
+/* Where the lane sums go every LM_FLUSH steps: lmv_wide_t, the lanes'
+ * sums in double (an ISA header's own: its lanes widened and added; by
+ * default one double, the lanes' sum). */
+#ifndef lmv_wide_t
+#define lmv_wide_t double
+#define lmv_wide_zero() 0.0
+#define lmv_wide_add(w, v) ((w) + lmv_acc_sum(v))
+#define lmv_wide_sum(w) (w)
+#endif
+/* float lane sums take 2 LM_FLUSH terms, then go to double: a sum of
+ * equal terms rounds the same way at each add, its error growing with
+ * the terms a lane takes [README: accuracy] */
+#define LM_FLUSH 8
 
 /* The lane sums of a block: sum e, sum e d, the reference's sum e_r
  * and cross term sum e_r (d_r - d), the maxima, and the largest cross
- * difference (see LM_CROSS_BIG). */
+ * difference (see LM_CROSS_BIG); and the sums so far in double. */
 typedef struct {
     lmv_acc_t sum, dsum, ref_sum, cross;
     lmv_t max, ref_max, cross_max;
+    lmv_wide_t wsum, wdsum, wref_sum, wcross;
 } LM_FN(lanes_t);
+
+/* the lane sums into the double ones, and from 0 again */
+LM_INLINE void LM_FN(flush_)(LM_FN(lanes_t) *a, const int ent, const int ref) {
+    const lmv_acc_t zero = lmv_set1(0.0f);
+    a->wsum = lmv_wide_add(a->wsum, a->sum);
+    a->sum = zero;
+    if (ent) { a->wdsum = lmv_wide_add(a->wdsum, a->dsum); a->dsum = zero; }
+    if (ref) {
+        a->wref_sum = lmv_wide_add(a->wref_sum, a->ref_sum);
+        a->wcross = lmv_wide_add(a->wcross, a->cross);
+        a->ref_sum = a->cross = zero;
+    }
+}
 
 LM_INLINE LM_FN(terms_t) LM_FN(terms_)(double shift, LMV_LANE lane_max) {
     LM_FN(terms_t) k;
@@ -371,7 +405,8 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
     const LM_FN(terms_t) kz = LM_FN(terms_)(shift, lane_max), kr = LM_FN(terms_)(ref_shift, ref_lane_max);
     const lmv_t zero = lmv_set1(0.0f), neginf = lmv_set1(-INFINITY);
     /* one lane sum per sum: the loop then fits AVX2's 16 registers */
-    LM_FN(lanes_t) a = {zero, zero, zero, zero, neginf, neginf, neginf};
+    LM_FN(lanes_t) a = {zero, zero, zero, zero, neginf, neginf, neginf,
+                        lmv_wide_zero(), lmv_wide_zero(), lmv_wide_zero(), lmv_wide_zero()};
     LM_FN(block_t) out;
 #if LM_RAWMAX
     lmv_i16_t imx = lmv_imax16_init(), rimx = imx;
@@ -380,6 +415,7 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
      * choice of address in the loop */
     const int64_t cut = pf.cut <= 0 ? 0 : pf.cut >= len ? len : (pf.cut + LM_STEP - 1) / LM_STEP * LM_STEP;
     int64_t j = 0;
+    int steps = 0; /* since the last flush */
     for (int part = 0; part < 2; part++) {
         const uintptr_t at = part ? pf.out : pf.in, ref_at = part ? pfr.out : pfr.in;
         for (; j < (part ? len : cut); j += LM_STEP) {
@@ -396,13 +432,15 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
             if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
             LM_FN(term_)(za, ra, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
             LM_FN(term_)(zb, rb, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
+            if (++steps == LM_FLUSH) { LM_FN(flush_)(&a, ent, ref); steps = 0; }
         }
     }
-    out.sum = lmv_acc_sum(a.sum);
-    out.ref_sum = ref ? lmv_acc_sum(a.ref_sum) : 0.0;
+    LM_FN(flush_)(&a, ent, ref);
+    out.sum = lmv_wide_sum(a.wsum);
+    out.ref_sum = ref ? lmv_wide_sum(a.wref_sum) : 0.0;
     /* the lanes' d used the lane maxima: move dsum and cross to the shifts */
-    out.dsum = ent ? lmv_acc_sum(a.dsum) + ((double)lane_max - shift) * out.sum : 0.0;
-    out.cross = ref ? lmv_acc_sum(a.cross) +
+    out.dsum = ent ? lmv_wide_sum(a.wdsum) + ((double)lane_max - shift) * out.sum : 0.0;
+    out.cross = ref ? lmv_wide_sum(a.wcross) +
                       (((double)ref_lane_max - ref_shift) - ((double)lane_max - shift)) * out.ref_sum
                     : 0.0;
 #if LM_RAWMAX
@@ -672,3 +710,4 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 #undef LM_KMAX
 #undef LM_LIBM_MAX
 #undef LM_CROSS_BIG
+#undef LM_FLUSH

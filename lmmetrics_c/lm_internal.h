@@ -49,10 +49,15 @@ static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
 /* The sums' exp takes 2^(j/Q), j < Q = 2^LM_QBITS (an ISA's choice), from
  * a table of float bits less j << (23 - LM_QBITS), so that adding t's
  * bits shifted by 23 - LM_QBITS (t holding Qn + j in its low bits) gives
- * 2^(n + j/Q). Q = 4 (AVX2, NEON: one in-lane permute), 16 (AVX-512: one
- * one-register permute) or 32 (the portable path: an array). */
+ * 2^(n + j/Q). Q = 4 (NEON: one byte-table lookup), 8 (AVX2: one
+ * cross-lane permute), 16 (AVX-512: one one-register permute) or 32 (the
+ * portable path: an array). */
 #define LM_POW2Q_TABLE4                                                        \
     0x3f800000, 0x3f9837f0 - (1 << 21), 0x3fb504f3 - (2 << 21), 0x3fd744fd - (3 << 21)
+#define LM_Q8(j, bits) ((int)((bits) - ((j) << 20)))
+#define LM_POW2Q_TABLE8                                                        \
+    LM_Q8(0, 0x3f800000), LM_Q8(1, 0x3f8b95c2), LM_Q8(2, 0x3f9837f0), LM_Q8(3, 0x3fa5fed7),\
+    LM_Q8(4, 0x3fb504f3), LM_Q8(5, 0x3fc5672a), LM_Q8(6, 0x3fd744fd), LM_Q8(7, 0x3feac0c7)
 #define LM_Q16(j, bits) ((int)((bits) - ((j) << 19)))
 #define LM_POW2Q_TABLE16                                                       \
     LM_Q16(0, 0x3f800000), LM_Q16(1, 0x3f85aac3), LM_Q16(2, 0x3f8b95c2), LM_Q16(3, 0x3f91c3d3),\

@@ -28,14 +28,29 @@ typedef float LMV_LANE;
 #define lmv_scale(p, t)                                                          \
     _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),               \
         _mm256_slli_epi32(_mm256_castps_si256(t), 23)))
-/* 2^(n + j/4) for t holding 4n + j in its low bits (see LM_POW2Q_TABLE4) */
-#define LM_QBITS 2
+/* 2^(n + j/8) for t holding 8n + j in its low bits (see LM_POW2Q_TABLE8):
+ * one cross-lane permute of an 8-entry table (a cubic then suffices; with
+ * 4 entries and an in-lane permute a quartic, its extra constants costing
+ * AVX2's 16 registers more than the permute) */
+#define LM_QBITS 3
 #define lmv_pow2q(t)                                                             \
     _mm256_castsi256_ps(_mm256_add_epi32(                                      \
-        _mm256_castps_si256(_mm256_permutevar_ps(                              \
-            _mm256_castsi256_ps(_mm256_setr_epi32(LM_POW2Q_TABLE4, LM_POW2Q_TABLE4)), \
+        _mm256_castps_si256(_mm256_permutevar8x32_ps(                          \
+            _mm256_castsi256_ps(_mm256_setr_epi32(LM_POW2Q_TABLE8)),           \
             _mm256_castps_si256(t))),                                          \
         _mm256_slli_epi32(_mm256_castps_si256(t), 23 - LM_QBITS)))
+/* the lane sums in double: 4 lanes, each the sum of two float lanes */
+#define lmv_wide_t __m256d
+#define lmv_wide_zero() _mm256_setzero_pd()
+#define lmv_wide_add(w, v)                                                       \
+    _mm256_add_pd(w, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),  \
+        _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))))
+static inline double lm_avx2_wide_sum(__m256d w) {
+    double t[4];
+    _mm256_storeu_pd(t, w);
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+#define lmv_wide_sum lm_avx2_wide_sum
 #define lmv_sel_n0(n, a, b)                                                      \
     _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
 /* nonzero when some lane of a equals the same lane of b */

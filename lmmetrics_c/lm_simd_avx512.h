@@ -47,6 +47,13 @@ typedef __m512i lmv_i16_t;
 #define lmv_imax16_init() _mm512_set1_epi16(-32768)
 #define lmv_imax16(acc, p) _mm512_max_epi16(acc, _mm512_loadu_si512((const void *)(p)))
 #define lmv_imax16_store(p, v) _mm512_storeu_si512((void *)(p), v)
+/* the lane sums in double: 8 lanes, each the sum of two float lanes */
+#define lmv_wide_t __m512d
+#define lmv_wide_zero() _mm512_setzero_pd()
+#define lmv_wide_add(w, v)                                                       \
+    _mm512_add_pd(w, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),  \
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))))
+#define lmv_wide_sum(w) _mm512_reduce_add_pd(w)
 #define lmv_sel_n0(n, a, b)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
 /* nonzero when some lane of a equals the same lane of b */

@@ -41,6 +41,12 @@ static const int32_t lm_neon_pow2q_tab[4] = {LM_POW2Q_TABLE4};
             vandq_u32(vreinterpretq_u32_f32(t), vdupq_n_u32(3u)), 0x04040404u))))
 #define lmv_pow2q(t)                                                             \
     LM_NEON_F(vaddq_s32(LM_NEON_TAB4(t), vshlq_n_s32(LM_NEON_I(t), 23 - LM_QBITS)))
+/* the lane sums in double: 2 lanes, each the sum of two float lanes */
+#define lmv_wide_t float64x2_t
+#define lmv_wide_zero() vdupq_n_f64(0.0)
+#define lmv_wide_add(w, v)                                                       \
+    vaddq_f64(w, vaddq_f64(vcvt_f64_f32(vget_low_f32(v)), vcvt_high_f64_f32(v)))
+#define lmv_wide_sum(w) (vgetq_lane_f64(w, 0) + vgetq_lane_f64(w, 1))
 #define lmv_sel_n0(n, a, b) vbslq_f32(vceqq_f32(n, vdupq_n_f32(0.0f)), a, b)
 /* nonzero when some lane of a equals the same lane of b */
 #define lmv_any_eq(a, b) vmaxvq_u32(vceqq_f32(a, b))

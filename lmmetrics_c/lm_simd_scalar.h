@@ -47,12 +47,26 @@ static inline float lm_pow2q(float t) {
 #define lmv_sub(a, b) ((a) - (b))
 #define lmv_mul(a, b) ((a) * (b))
 #define lmv_div(a, b) ((a) / (b))
-/* fused in the lane's own type, as the vector paths' (the sums' exp
- * relies on one rounding; fma in double, then to float, rounds twice) */
+/* Fused in the lane's own type where the target has an FMA unit (as the
+ * vector paths). Elsewhere fma and fmaf are libm calls (x86-64's baseline:
+ * 20-30 cycles a term), so float lanes compute a b + c in double: the
+ * product of two floats is exact there, the add rounds to double, then to
+ * float. In the exp's reduction (r = z - N ln2f / Q: 24-bit N times a
+ * 24-bit constant, plus z) that sum is exact in double for |z| < 2^20
+ * and normal z, so r is rounded once, as fused; elsewhere the two
+ * roundings are within an ulp of one, which the polynomial's interval
+ * absorbs. Double lanes (float64 input) take a b + c, two roundings in
+ * double. */
 #ifdef LM_LIBM_EXP
+#ifdef FP_FAST_FMA
 #define lmv_fma(a, b, c) fma(a, b, c)
 #else
+#define lmv_fma(a, b, c) ((a) * (b) + (c))
+#endif
+#elif defined(FP_FAST_FMAF)
 #define lmv_fma(a, b, c) fmaf(a, b, c)
+#else
+#define lmv_fma(a, b, c) ((float)((double)(a) * (double)(b) + (double)(c)))
 #endif
 /* a > b ? a : b: a NaN in b survives, a NaN in a is dropped */
 #define lmv_max(a, b) ((a) > (b) ? (a) : (b))
@@ -73,7 +87,7 @@ static inline float lm_pow2q(float t) {
  * fma where the target has no FMA) */
 #define lmv_acc_t double
 #ifdef LM_LIBM_EXP
-#define lmv_acc_fma(a, b, c) fma(a, b, c)
+#define lmv_acc_fma(a, b, c) lmv_fma(a, b, c)
 #else
 #define lmv_acc_fma(a, b, c) ((c) + (double)(a) * (double)(b))
 #endif
