@@ -19,12 +19,12 @@
  * ln 2 at or above the max of the blocks before; a block whose max passes
  * the max before it by more than LM_HEAD is done again, from L1, against
  * the new shift [README: the pass]. Float lane sums are flushed to double
- * once per block.
+ * lanes every LM_FLUSH steps.
  */
 
 #define LM_STEP (2 * LMV_W)
-/* block length: at most LM_BLOCK elements and 128 terms per float lane
- * sum, 64 in the KL pass [README: accuracy] */
+/* block length: at most LM_BLOCK elements and 64 steps, 32 in the KL
+ * pass (the lane sums go to double every LM_FLUSH steps) */
 #define LM_BLK (64 * LM_STEP < LM_BLOCK ? 64 * LM_STEP : LM_BLOCK)
 
 #ifndef LM_BODY_ONCE
@@ -306,9 +306,8 @@ LM_INLINE void LM_FN(prefetch_)(uintptr_t base, int64_t j) {
 typedef struct { lmv_t lo, arg, lane_max; } LM_FN(terms_t);
 
 /* The lane sums' type: the vector's own, unless the ISA header names one
- * (the portable path's single lane sums in double: one float would take
- * 128 terms, against 8-44 a lane where a row has 700 elements on the
- * vector paths [README: accuracy]). */
+ * (the portable path's single lane sums in double: one float lane would
+ * take every term of a row [README: accuracy]). */
 #ifndef lmv_acc_t
 #define lmv_acc_t lmv_t
 #define lmv_acc_fma lmv_fma

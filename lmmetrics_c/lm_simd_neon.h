@@ -1,7 +1,7 @@
 /* AArch64 NEON primitives for lm_body.h (4 float lanes); NEON (Advanced
  * SIMD, with fused multiply-add, vector divide and across-lane max) is
- * baseline on aarch64: no flags. The mirror of lm_simd_avx2.h: the same
- * 4-entry table for the sums' exp, the same lane orders. */
+ * baseline on aarch64: no flags. Like lm_simd_avx2.h, with a 4-entry
+ * table for the sums' exp (a quartic) and the same lane orders. */
 #ifndef LM_INTERNAL_H
 #error "lm_simd_neon.h is not a standalone header: lm_isa_neon.c includes it after lm_internal.h"
 #endif

@@ -52,10 +52,10 @@ static inline float lm_pow2q(float t) {
  * 20-30 cycles a term), so float lanes compute a b + c in double: the
  * product of two floats is exact there, the add rounds to double, then to
  * float. In the exp's reduction (r = z - N ln2f / Q: 24-bit N times a
- * 24-bit constant, plus z) that sum is exact in double for |z| < 2^20
- * and normal z, so r is rounded once, as fused; elsewhere the two
- * roundings are within an ulp of one, which the polynomial's interval
- * absorbs. Double lanes (float64 input) take a b + c, two roundings in
+ * 24-bit constant, plus z) that sum is exact in double for z between
+ * about 2^-29 and 2^20 in magnitude, so r is rounded once, as fused;
+ * elsewhere the two roundings are within an ulp of one, which the
+ * polynomial's interval absorbs. Double lanes (float64 input) take a b + c, two roundings in
  * double. */
 #ifdef LM_LIBM_EXP
 #ifdef FP_FAST_FMA
