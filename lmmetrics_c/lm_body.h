@@ -19,7 +19,7 @@
  * ln 2 at or above the max of the blocks before; a block whose max passes
  * the max before it by more than LM_HEAD is done again, from L1, against
  * the new shift [README: the pass]. Float lane sums are flushed to double
- * lanes every LM_FLUSH steps.
+ * lanes every few steps (LM_FLUSH).
  */
 
 #define LM_STEP (2 * LMV_W)
@@ -322,10 +322,12 @@ typedef struct { lmv_t lo, arg, lane_max; } LM_FN(terms_t);
 #define lmv_wide_add(w, v) ((w) + lmv_acc_sum(v))
 #define lmv_wide_sum(w) (w)
 #endif
-/* float lane sums take 2 LM_FLUSH terms, then go to double: a sum of
- * equal terms rounds the same way at each add, its error growing with
- * the terms a lane takes [README: accuracy] */
+/* float lane sums take 2 LM_FLUSH terms (2 LM_FLUSH_REF in the KL pass),
+ * then go to double: where many terms are equal each add rounds the same
+ * way, and a lane that holds a large term rounds every small one on its
+ * grid, the error growing with the terms a lane takes [README: accuracy] */
 #define LM_FLUSH 8
+#define LM_FLUSH_REF 2
 
 /* The lane sums of a block: sum e, sum e d, the reference's sum e_r
  * and cross term sum e_r (d_r - d), the maxima, and the largest cross
@@ -431,7 +433,7 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
             if (ref) LM_FN(load_)(r + j, ld, &ra, &rb);
             LM_FN(term_)(za, ra, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
             LM_FN(term_)(zb, rb, &kz, &kr, ent, ref, !LM_RAWMAX || capped, &a);
-            if (++steps == LM_FLUSH) { LM_FN(flush_)(&a, ent, ref); steps = 0; }
+            if (++steps == (ref ? LM_FLUSH_REF : LM_FLUSH)) { LM_FN(flush_)(&a, ent, ref); steps = 0; }
         }
     }
     LM_FN(flush_)(&a, ent, ref);
@@ -710,3 +712,4 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 #undef LM_LIBM_MAX
 #undef LM_CROSS_BIG
 #undef LM_FLUSH
+#undef LM_FLUSH_REF
