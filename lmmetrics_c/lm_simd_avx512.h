@@ -31,9 +31,9 @@ typedef float LMV_LANE;
     _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),               \
         _mm512_slli_epi32(_mm512_castps_si512(t), 23)))
 /* 2^(n + j/16) for t holding 16n + j in its low bits (see
- * LM_POW2Q_TABLE16): a one-register permute looks up all 16 entries (32
- * entries would take a two-register permute, about 10% more cycles a
- * vector on Zen 4, for a more accurate quadratic than this path needs) */
+ * LM_POW2Q_TABLE16): a one-register permute looks up all 16 entries, and
+ * a cubic then errs below float's rounding (32 entries would take a
+ * two-register permute, about 10% more cycles a vector on Zen 4) */
 #define LM_QBITS 4
 #define LM_SETR16(...) _mm512_setr_epi32(__VA_ARGS__) /* expands the table first */
 #define lmv_pow2q(t)                                                             \

@@ -55,8 +55,8 @@ static inline float lm_pow2q(float t) {
  * 24-bit constant, plus z) that sum is exact in double for z between
  * about 2^-29 and 2^20 in magnitude, so r is rounded once, as fused;
  * elsewhere the two roundings are within an ulp of one, which the
- * polynomial's interval absorbs. Double lanes (float64 input) take a b + c, two roundings in
- * double. */
+ * polynomial's interval absorbs. Double lanes (float64 input) take
+ * a b + c, two roundings in double. */
 #ifdef LM_LIBM_EXP
 #ifdef FP_FAST_FMA
 #define lmv_fma(a, b, c) fma(a, b, c)
