@@ -3,6 +3,7 @@ dtypes and SIMD paths they run over. A plain module beside the tests
 (conftest.py puts this folder on sys.path, so that it imports the same way
 under pytest's prepend and importlib modes and in worker subprocesses)."""
 import json
+import math
 import os
 import socket
 import subprocess
@@ -84,3 +85,103 @@ def run_gloo_workers(source, tmp_path, world=2, timeout=120):
         assert p.returncode == 0, err
         outs.append(json.loads(out.strip().splitlines()[-1]))
     return outs
+
+
+def gpu_path_edges(V=700):
+    """Rows on which a CUDA path once returned a wrong number, as float64
+    numpy (z, r, t) plus what each row must give (the native core gives it
+    too): each a (row, key, value) with value None for "as the float64
+    reference". V spans several of the Triton tests' 256-element tiles, the
+    last one partial."""
+    rng = np.random.default_rng(22)
+    f32min = float(np.finfo(np.float32).min)
+    z = rng.standard_normal((9, V)) * 2
+    r = z + rng.standard_normal((9, V)) * 0.3
+    t = rng.integers(0, V, 9)
+    expect = []
+    z[0] = r[0] = -1e30                       # a row masked entirely with a finite value
+    expect += [(0, "nll", math.log(V)), (0, "entropy", math.log(V)), (0, "kl", 0.0)]
+    z[1] = r[1] = f32min                      # ... with finfo.min
+    expect += [(1, "nll", math.log(V)), (1, "entropy", math.log(V))]
+    z[2, 5] = 5e9                             # one huge logit takes all the mass
+    t[2] = 5
+    expect += [(2, "nll", 0.0), (2, "entropy", 0.0), (2, "argmax", 5)]
+    z[3, 512:] = r[3, 512:] = f32min          # both mask the last (partial) tiles
+    expect += [(3, "kl", None)]
+    for row, gap in ((4, 104.0), (5, 300.0), (6, 700.0)):
+        z[row, 9] = -math.inf                 # the model rules out what the reference keeps
+        r[row, 9] = r[row].max() - gap
+        expect += [(row, "kl", math.inf)]
+    z[7] += 900.0                             # large offsets on both sides
+    r[7] -= 900.0
+    expect += [(7, "kl", None), (7, "nll", None)]
+    r[8] = z[8] + rng.standard_normal(V) * 1e-4  # nearly the same model: KL tiny, never negative
+    expect += [(8, "kl", None)]
+    return z, r, t, expect
+
+
+def check_gpu_path_edges(device):
+    """The rows of gpu_path_edges through the CUDA path for ``device``'s
+    tensors (float32; torch, or Triton where the caller routes it): each
+    expected value, the float64 reference and the native core on the same
+    values; then a float64 reference beside float32 logits, bad reference
+    rows and an Evaluator's own state."""
+    import torch
+
+    import lmmetrics
+    from lmmetrics import _engine
+
+    z, r, t, expect = gpu_path_edges()
+    z32, r32 = z.astype(np.float32), r.astype(np.float32)
+    kw = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True)
+    with np.errstate(all="ignore"):
+        got = _engine.run(torch.tensor(z32, device=device), torch.tensor(t, device=device),
+                          torch.tensor(r32, device=device), **kw)
+    core = _engine.run(z32, t, r32, **kw)
+    # the values seen, less each row's max (scipy's logsumexp of a row of
+    # -1e30 rounds its log-sum away even in float64)
+    zf, rf = (x.astype(np.float64) - x.astype(np.float64).max(1, keepdims=True) for x in (z32, r32))
+    refs = {"nll": ref_nll(zf, t), "entropy": ref_entropy(zf), "kl": ref_kl(rf, zf), "ref_nll": ref_nll(rf, t),
+            "argmax": np.argmax(zf, 1)}
+    for row, key, value in expect:
+        want = refs[key][row] if value is None else value
+        for name, res in (("cuda path", got), ("native core", core)):
+            v = getattr(res, key)[row]
+            assert v == pytest.approx(want, rel=2e-6, abs=2e-6), (name, row, key, v, want)
+    for key, ref in refs.items():
+        np.testing.assert_allclose(getattr(got, key), getattr(core, key), rtol=2e-6, atol=2e-6, err_msg=key)
+        if key != "argmax":
+            assert (getattr(got, key) >= 0).all(), key
+            np.testing.assert_allclose(getattr(got, key), ref, rtol=2e-6, atol=2e-6, err_msg=key)
+    # a float64 reference beside float32 logits: the reference's NLL exact in float64
+    big, ref64 = z32[8:9] * 50, (z[8:9] * 50 + 1.0)
+    got = _engine.run(torch.tensor(big, device=device), torch.tensor(t[8:9], device=device),
+                      torch.tensor(ref64, device=device), **kw)
+    assert got.ref_nll[0] == pytest.approx(ref_nll(ref64, t[8:9])[0], rel=1e-12, abs=1e-12)
+    # bad reference rows raise as on the CPU, a +inf reference logit shares its row's mass
+    for bad, value in (("nan", math.nan), ("all -inf", -math.inf), ("+inf", math.inf)):
+        rows = [3, 8, 7]
+        rb = r32[rows]
+        if bad == "all -inf":
+            rb[1] = value
+        else:
+            rb[1, 3] = value
+        args = [(torch.tensor(z32[rows], device=device), torch.tensor(t[rows], device=device),
+                 torch.tensor(rb, device=device)), (z32[rows], t[rows], rb)]
+        outcomes = []
+        for zz, tt, rr in args:
+            try:
+                outcomes.append(lmmetrics.evaluate(zz, tt, reference_logits=rr).kl)
+            except ValueError as e:
+                outcomes.append(str(e))
+        assert isinstance(outcomes[1], str) == (bad != "+inf"), (bad, outcomes)
+        assert outcomes[0] == (outcomes[1] if bad != "+inf" else pytest.approx(outcomes[1], rel=2e-6)), \
+            (bad, outcomes)
+    # an Evaluator takes back its own state (per-token KL never below 0)
+    ev = lmmetrics.Evaluator()
+    near = z32[8:9] + np.float32(1e-5) * np.ones_like(z32[8:9])
+    ev.update(torch.tensor(np.repeat(z32[8:9], 32, 0), device=device), torch.tensor(np.repeat(t[8:9], 32), device=device),
+              reference_logits=torch.tensor(np.repeat(near, 32, 0), device=device))
+    again = lmmetrics.Evaluator()
+    again.load_state_dict(ev.state_dict())
+    assert again.compute().kl == ev.compute().kl >= 0

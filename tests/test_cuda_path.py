@@ -183,3 +183,13 @@ def test_rows_the_fast_path_cannot_certify_take_the_exact_path(dev):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
     ent = lmmetrics.token_entropy(z).cpu().numpy()
     np.testing.assert_allclose(ent, lmmetrics.token_entropy(z.cpu().numpy()), rtol=2e-6, atol=2e-6)
+
+
+def test_edges_where_a_cuda_path_gave_wrong_numbers(dev, monkeypatch):
+    """Huge magnitudes, finite masks, reference mass the model rules out,
+    a float64 reference, bad reference rows, negative rounding: the torch
+    path gives the float64 reference's (and the core's) numbers."""
+    from helpers import check_gpu_path_edges
+
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    check_gpu_path_edges(dev)

@@ -305,6 +305,24 @@ def group_errors():
     print("GROUP OK")
 
 
+def group_gpu_path_edges():
+    """The rows where the kernel once gave wrong numbers (huge magnitudes,
+    finite masks in a partial tile, reference mass the model rules out, a
+    float64 reference, bad reference rows): through Triton (a 256 tile and
+    the default 2048), with the exact torch path behind it."""
+    from helpers import check_gpu_path_edges
+    from lmmetrics import _triton
+
+    calls = _route()
+    check_gpu_path_edges("cpu")
+    n = len(calls)
+    assert n >= 4, n
+    _triton._tile = _triton.TILE
+    check_gpu_path_edges("cpu")
+    assert len(calls) == 2 * n
+    print("GROUP OK")
+
+
 def group_split_rows():
     """Long rows over several programs; results independent of the launch
     (tiles a program takes, rows a launch holds)."""
@@ -565,7 +583,7 @@ def group_compile_sm90():
 
 # ------------------------------------------------------------- the tests
 
-@pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors",
+@pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges",
                                    "group_split_rows", "group_layouts_and_api", "group_bench_smoke"])
 def test_interpreted(group):
     _in_subprocess(group)

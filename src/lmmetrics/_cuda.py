@@ -86,12 +86,16 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
 
 
 def _side(x: torch.Tensor, cap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compute-dtype logits (capped) and their logsumexp per row; rows holding
-    +inf become 0 at the +inf entries and -inf elsewhere (equal shares)."""
+    """Compute-dtype logits (capped) less their row max, and the logsumexp of
+    those per row (shifted first: logsumexp of a row of -1e30 in float32
+    rounds the log of the sum away); rows holding +inf become 0 at the +inf
+    entries and -inf elsewhere (equal shares)."""
     import torch
 
     z = _capped(x, cap)
     z = z if z.dtype in (torch.float32, torch.float64) else z.float()
+    m = z.amax(1, keepdim=True)
+    z = z - torch.where(torch.isfinite(m), m, 0.0)
     lse = torch.logsumexp(z, 1)
     nan = torch.isnan(lse)
     posinf = lse == math.inf
@@ -183,7 +187,7 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     logp = torch.log_softmax(z, 1, dtype=_compute_dtype(x))
     vals: Dict[str, torch.Tensor] = {}
     if out.nll is not None:
-        vals["nll"] = -logp.gather(1, _need(safe))[:, 0].double()
+        vals["nll"] = _nonneg(-logp.gather(1, _need(safe))[:, 0].double())
     if out.entropy is not None:
         vals["entropy"] = _entropy(logp)
     if out.argmax is not None:
@@ -193,7 +197,7 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
         rz = _capped(r, cap)
         rlogp = torch.log_softmax(rz, 1, dtype=_compute_dtype(r))
         if out.ref_nll is not None:
-            vals["ref_nll"] = -rlogp.gather(1, _need(safe))[:, 0].double()
+            vals["ref_nll"] = _nonneg(-rlogp.gather(1, _need(safe))[:, 0].double())
         if out.kl is not None:
             vals["kl"] = _kl(rlogp, logp)
         if out.ref_argmax is not None:
@@ -233,12 +237,32 @@ def _entropy(logp: torch.Tensor) -> torch.Tensor:
     return entropy
 
 
+# ln of float64's least positive number: a reference log-probability above
+# it is a positive probability in float64
+_F64_LOG_TINY = math.log(5e-324) - math.log(2)
+
+
 def _kl(rlogp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(P || Q) a row from log P (the reference) and log Q, as the native
+    core computes it: entries with no reference mass add nothing; reference
+    mass where the model has none (log Q = -inf) makes the row inf wherever
+    float64 holds that mass (the term underflows in float32 far sooner); a
+    NaN in log P (NaN, +inf or all -inf reference logits) stays NaN, so the
+    row is certified by the exact path, never counted as 0."""
     import torch
 
     pr = torch.exp(rlogp)
-    terms = pr * (rlogp - logp)
-    return torch.where(pr > 0, terms, 0.0).sum(1, dtype=torch.float64)
+    terms = torch.where(pr > 0, pr * (rlogp - logp), 0.0)
+    terms = torch.where((logp == -math.inf) & (rlogp > _F64_LOG_TINY), math.inf, terms)
+    terms = torch.where(torch.isnan(rlogp), math.nan, terms)
+    return _nonneg(terms.sum(1, dtype=torch.float64))
+
+
+def _nonneg(v: torch.Tensor) -> torch.Tensor:
+    """v, 0 where rounding made it negative (NaN stays NaN)."""
+    import torch
+
+    return torch.where(v < 0, 0.0, v)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

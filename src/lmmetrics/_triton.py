@@ -121,12 +121,15 @@ def _side(x: tl.tensor, mask: tl.tensor, offs: tl.tensor, cap: tl.tensor, inv_ca
     xx = tl.where(nan, float("-inf"), x)
     m = tl.max(xx, 0)
     ms = tl.where(m == float("-inf"), 0.0, m)
-    xc = tl.maximum(xx, ms - 128.0)  # e underflows to 0 below; keeps e (x - ms) finite
-    e = tl.exp(xc - ms)
+    # unclamped: a clamp below the max (ms - 128) rounds back to ms when
+    # |ms| passes ~3e9 and would count every lane as the max; masked and
+    # padding lanes give d = -inf, e = 0, and add nothing to t
+    d = xx - ms
+    e = tl.exp(d)
     s = tl.sum(e, 0)
     t = 0.0
     if WANT_T:
-        t = tl.sum(e * (xc - ms), 0)
+        t = tl.sum(tl.where(e > 0, e * d, 0.0), 0)
     am = 0
     if WANT_AM:
         am = tl.min(tl.where(xx == m, offs, 2147483647), 0)
@@ -197,6 +200,13 @@ def _capped64(v: tl.tensor, cap: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
 
 
 @triton.jit
+def _nonneg(v: tl.tensor) -> tl.tensor:
+    """v, 0 where rounding made it negative; a NaN stays NaN (the host
+    sends such a row to the exact path: tl.maximum would turn it into 0)."""
+    return tl.where(v < 0, 0.0, v)
+
+
+@triton.jit
 def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, out_ptr: tl.tensor,
            n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_tiles: tl.tensor, z_stride: tl.tensor,
            r_stride: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, TILE: tl.constexpr, ROWS: tl.constexpr,
@@ -259,8 +269,8 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         nll = (M64 - _capped64(zt, cap, CAPPED)) + ls
     ent = ls - T / S
     base = out_ptr + row0 + rows64
-    tl.store(base + _O_NLL * n_total, tl.where(counted, tl.maximum(nll, 0.0), 0.0), mask=rmask)
-    tl.store(base + _O_ENT * n_total, tl.where(counted, tl.maximum(ent, 0.0), 0.0), mask=rmask)
+    tl.store(base + _O_NLL * n_total, tl.where(counted, _nonneg(nll), 0.0), mask=rmask)
+    tl.store(base + _O_ENT * n_total, tl.where(counted, _nonneg(ent), 0.0), mask=rmask)
     tl.store(base + _O_AMAX * n_total, tl.where(counted, amax, -1.0), mask=rmask)
     if HAS_REF:
         rempty = (RM == ninf) & ((flags & 8) == 0)
@@ -274,9 +284,9 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         if HAS_TGT:
             rt = tl.load(r_ptr + rows64 * r_stride + tgt, mask=counted, other=0.0)
             rnll = (RM64 - _capped64(rt, cap, CAPPED)) + rls
-        tl.store(base + _O_KL * n_total, tl.where(counted, tl.maximum(kl, 0.0), 0.0), mask=rmask)
+        tl.store(base + _O_KL * n_total, tl.where(counted, _nonneg(kl), 0.0), mask=rmask)
         tl.store(base + _O_RAMAX * n_total, tl.where(counted, ramax, -1.0), mask=rmask)
-        tl.store(base + _O_RNLL * n_total, tl.where(counted, tl.maximum(rnll, 0.0), 0.0), mask=rmask)
+        tl.store(base + _O_RNLL * n_total, tl.where(counted, _nonneg(rnll), 0.0), mask=rmask)
     tl.store(base + _O_FLAGS * n_total, tl.where(counted, flags, 0).to(tl.float64), mask=rmask)
 
 
@@ -308,11 +318,13 @@ class LaunchError(RuntimeError):
 
 
 def usable(lg: CudaLogits, ref: Optional[CudaLogits]) -> bool:
-    """Whether the Triton path takes these logits: 16- and 32-bit floats
-    whose vocabulary axis is contiguous."""
-    if lg.dtype not in ("float32", "bfloat16", "float16") or lg.n_cols > _MAX_TILES * _tile:
+    """Whether the Triton path takes these logits: 16- and 32-bit floats on
+    both sides (the kernel works in float32: a float64 reference keeps the
+    torch path, exact in float64) whose vocabulary axis is contiguous."""
+    sides = [lg] if ref is None else [lg, ref]
+    if any(x.dtype not in ("float32", "bfloat16", "float16") for x in sides) or lg.n_cols > _MAX_TILES * _tile:
         return False
-    return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in ([lg] if ref is None else [lg, ref]))
+    return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in sides)
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
@@ -394,12 +406,15 @@ def _finish(host: F64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowR
         status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
                   else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
         raise row_error(status, i, lg.lead_shape)
+    slow_rows = counted & ((flags & _SLOW) != 0)
     for name, k in (("nll", _O_NLL), ("entropy", _O_ENT), ("kl", _O_KL), ("ref_nll", _O_RNLL),
                     ("argmax", _O_AMAX), ("ref_argmax", _O_RAMAX)):
         arr = getattr(out, name)
         if arr is not None:
             arr[:] = host[k.value]  # argmax: exact float64 integers
-    slow = np.nonzero(counted & ((flags & _SLOW) != 0))[0]
+            # a NaN the flags did not foresee: never a number, the exact path decides
+            slow_rows |= counted & np.isnan(arr)
+    slow = np.nonzero(slow_rows)[0]
     if slow.size:
         _exact_rows(slow, lg, ref, out, cap, tgt_all)
 
