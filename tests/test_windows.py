@@ -3,6 +3,7 @@ tiny random Llama: lm-evaluation-harness's rolling windows (its own window
 functions when lm_eval is installed), the transformers guide's strided loop
 (the model's own labels=-100 loss), and the longest-context schedule."""
 import math
+import types
 
 import pytest
 
@@ -251,3 +252,17 @@ def test_short_inputs_and_errors(llama):
         lmmetrics.sliding_window_nll(llama, ids, max_length=4, convention="guide")
     with pytest.raises(ValueError, match="batch_size"):
         lmmetrics.sliding_window_nll(llama, ids, max_length=4, batch_size=0)
+
+
+@pytest.mark.parametrize("returned, said", [
+    (lambda x, lg: (lg,), "returned a tuple"),
+    (lambda x, lg: lg.numpy(), "returned a numpy.ndarray"),
+    (lambda x, lg: {"logits": lg}, "returned a dict"),
+    (lambda x, lg: types.SimpleNamespace(logits=None), "whose .logits is None"),
+])
+def test_a_model_that_returns_no_logits_tensor_is_named(returned, said):
+    def model(x):
+        return returned(x, torch.zeros(*x.shape, 11))
+
+    with pytest.raises(TypeError, match=said + ".*torch.Tensor of logits"):
+        lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4)

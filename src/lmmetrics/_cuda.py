@@ -10,6 +10,12 @@ is not finite is done again by the exact path (logsumexp per side). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
 NaN or an all -inf row among the counted rows is an error, +inf logits share
 the probability mass equally.
+
+Accuracy: that of torch's own float32 ``log_softmax`` (float64 logits stay
+float64), not the native core's 2e-6: on CPU-run tensors with V = 128256,
+per-token NLL and KL came within 1.4e-5 of float64 and entropy within
+5.3e-5; the tests hold it to 3e-5 and 1e-4 (``test_cuda_path``). The Triton
+kernel, the default on a GPU, meets the core's 2e-6.
 """
 from __future__ import annotations
 

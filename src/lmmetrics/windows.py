@@ -177,8 +177,7 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
                 if b - a < width:  # right padding, after every scored position
                     w = torch.cat([w, w[-1:].expand(width - (b - a))])
                 rows.append(w)
-            res = model(torch.stack(rows))
-            logits = getattr(res, "logits", res)
+            logits = _returned_logits(model(torch.stack(rows)))
             if logits.dim() != 3 or logits.shape[:2] != (len(batch), width):
                 raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
                                  f"windows of shape {(len(batch), width)}; expected (B, L, V)")
@@ -194,3 +193,19 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     if out is None:
         return torch.full((T,), float("nan"), dtype=torch.float32)
     return out
+
+
+def _returned_logits(res: Any) -> torch.Tensor:
+    """The logits tensor a model returned: a tensor, or an output whose
+    ``.logits`` is one; anything else a TypeError naming what came back."""
+    import torch
+
+    logits = getattr(res, "logits", res)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    kind = type(res).__qualname__ if type(res).__module__ == "builtins" else \
+        f"{type(res).__module__}.{type(res).__qualname__}"
+    what = f"an output whose .logits is {logits!r:.40}" if logits is not res else f"a {kind}"
+    raise TypeError(f"model(windows) returned {what}; it must return a torch.Tensor of logits (B, L, V) "
+                    f"or an object with such a .logits (wrap the model, e.g. lambda x: model(x)[0], "
+                    f"or call it with return_dict=True)")
