@@ -16,6 +16,7 @@ flows through them.
 from . import convert, probs
 from ._config import apply_env_isa as _apply_env_isa
 from ._config import show_config
+from ._lazy import Projected, model_logits, projected
 from ._cuda import set_cuda_chunk_bytes
 from ._version import __version__
 from .comparison import Comparison, Distribution, Estimate, compare
@@ -32,5 +33,5 @@ __all__ = [
     "bits_per_byte", "bits_per_character", "token_entropy", "token_kl", "kl_divergence",
     "loglikelihood",
     "evaluate", "Evaluator", "Metrics", "evaluate_bpb", "compare", "Comparison", "Estimate",
-    "Distribution", "set_cuda_chunk_bytes", "sliding_window_nll", "token_bytes", "convert", "probs",
+    "Distribution", "set_cuda_chunk_bytes", "projected", "model_logits", "Projected", "sliding_window_nll", "token_bytes", "convert", "probs",
 ]

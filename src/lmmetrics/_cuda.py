@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from ._engine import check_positive_int
+from ._checks import check_positive_int
 from ._errors import Status, row_error
 from ._inputs import row_blocks
 

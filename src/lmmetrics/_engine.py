@@ -13,14 +13,18 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _core
-from ._errors import ROW_STATUSES, Status, row_error, target_error
-from ._inputs import DescribedLogits, Logits, as_logits, as_targets, is_cuda, model_logits, row_blocks, shifted
+from ._checks import (MAX_THREADS, SOFTCAP_RANGE, check_ignore_index, check_positive_int, check_shift,  # noqa: F401
+                      check_softcap, check_threads)
+from ._errors import ROW_STATUSES, RowError, Status, row_error, target_error
+from ._inputs import (DescribedLogits, Logits, as_logits, as_targets, is_cuda, is_torch, model_logits, row_blocks,
+                      shifted)
+from ._lazy import DEFAULT_CHUNK_BYTES, Projected
 from ._types import BoolArray, F64Array, I64Array
 
 if TYPE_CHECKING:
@@ -91,65 +95,6 @@ def _computed(values: Optional[_A], name: str) -> _A:
     return values
 
 
-MAX_THREADS = 1024
-# The kernel applies a softcap in float lanes (c and 1 / c): both must be
-# normal float32 numbers with room to spare.
-SOFTCAP_RANGE = (1e-30, 1e30)
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def check_positive_int(name: str, value: object) -> int:
-    """value as an int when it is an integer (Python or numpy, not a bool)
-    of at least 1, else ValueError: the one check of a count, a length or a
-    size that must be positive."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def check_threads(num_threads: object) -> int:
-    """0 for None (the OpenMP default), else the thread count, or ValueError."""
-    if num_threads is None:
-        return 0
-    if (isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer))
-            or not 1 <= num_threads <= MAX_THREADS):
-        raise ValueError(f"num_threads must be an integer from 1 to {MAX_THREADS}, or None; "
-                         f"got {num_threads!r}")
-    return int(num_threads)
-
-
-def check_softcap(softcap: object) -> float:
-    """0.0 for None (no cap), else the cap as a float: TypeError for what is
-    not a real number, ValueError outside SOFTCAP_RANGE."""
-    if softcap is None:
-        return 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be a number or None, got {softcap!r}")
-    c = float(softcap)
-    lo, hi = SOFTCAP_RANGE
-    if not lo <= c <= hi:
-        raise ValueError(f"softcap must be a number from {lo:g} to {hi:g} (or None), got {softcap!r}")
-    return c
-
-
-def check_ignore_index(ignore_index: object) -> int:
-    """The ignore_index as an int64 value (None: -1, as negative targets are
-    ignored anyway), or TypeError / ValueError."""
-    if ignore_index is None:
-        return -1
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index must be an integer or None, got {ignore_index!r}")
-    if not _INT64_MIN <= ignore_index <= _INT64_MAX:
-        raise ValueError(f"ignore_index must fit in int64, got {ignore_index!r}")
-    return int(ignore_index)
-
-
-def check_shift(shift: object) -> bool:
-    if not isinstance(shift, (bool, np.bool_)):
-        raise TypeError(f"shift must be True or False, got {shift!r}")
-    return bool(shift)
-
-
 # Logits and reference logits of different dtypes are read a chunk of rows
 # at a time, the narrower chunk converted to the wider dtype (16-bit to
 # float32, to float64 when one side is float64): extra memory of about this
@@ -173,6 +118,9 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         logits, targets, reference = shifted(logits, targets, reference)
     if (kl or ref_nll) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
+    if isinstance(logits, Projected) or isinstance(reference, Projected):
+        return _run_lazy(logits, targets, reference, ignore, cap, threads,
+                         dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll))
     if is_cuda(logits) or is_cuda(reference):
         from . import _cuda
 
@@ -328,3 +276,86 @@ def _same_layout(lg: Logits, ref: Logits) -> Tuple[Logits, Logits]:
 
 def _contiguous(x: Any) -> Any:
     return x.contiguous() if hasattr(x, "contiguous") else np.ascontiguousarray(x)
+
+
+@dataclass
+class _LazyShape:
+    """Lazy logits (or the plain logits beside them) as a DescribedLogits:
+    what the checks and the outputs need, no buffer."""
+
+    keep: Any
+    dtype: str
+    lead_shape: Tuple[int, ...]
+    n_cols: int
+    n_rows: int
+
+
+def _lazy_shape(x: Any) -> _LazyShape:
+    shape = tuple(int(n) for n in x.shape)
+    dtype = x.dtype if isinstance(x, Projected) else str(x.dtype).replace("torch.", "")
+    return _LazyShape(x, dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
+
+
+def _run_lazy(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, threads: int,
+              want: Dict[str, bool]) -> RowResults:
+    """``run`` over lazy logits (either side or both): the counted rows (all
+    rows without targets) a bounded chunk at a time, each chunk's logits
+    computed, passed through ``run`` as plain logits, and dropped."""
+    lg, ref = _lazy_shape(logits), None if reference is None else _lazy_shape(reference)
+    if ref is not None and ref.n_cols != lg.n_cols:
+        raise ValueError(f"the model's vocabulary ({lg.n_cols}) and the reference's ({ref.n_cols}) differ: "
+                         f"a KL divergence needs one vocabulary")
+    sides = [x for x in (logits, reference) if x is not None]
+    if cap and any(isinstance(x, Projected) and x.softcap for x in sides):
+        raise ValueError("softcap is given both to the metric and to projected(): give it once "
+                         "(projected()'s applies to those logits only)")
+    out = _results(lg, ref, targets, ignore, check_range=True, **want)
+    for name in ("nll", "entropy", "kl", "ref_nll", "argmax", "ref_argmax"):
+        arr = getattr(out, name)
+        if arr is not None:  # ignored rows: as the core leaves them
+            arr.fill(-1 if "argmax" in name else 0)
+    rows = np.flatnonzero(out.counted) if out.targets is not None else np.arange(lg.n_rows)
+    lazy = [x for x in sides if isinstance(x, Projected)]
+    budget = lazy[0].chunk_bytes or (_cuda_chunk_bytes() if any(is_cuda(x.hidden) for x in lazy)
+                                     else DEFAULT_CHUNK_BYTES)
+    per_row = sum(lg.n_cols * (x.itemsize if isinstance(x, Projected) else x.dtype.itemsize
+                               if isinstance(x, np.ndarray) else x.element_size()) for x in sides)
+    step = max(1, budget // per_row)
+    for a in range(0, rows.size, step):
+        sel = rows[a:a + step]
+        z = _take_rows(logits, sel, lg.lead_shape)
+        r = None if reference is None else _take_rows(reference, sel, lg.lead_shape)
+        t = None if out.targets is None else out.targets[sel]
+        try:
+            part = run(z, t, r, ignore_index=ignore, softcap=cap or None, num_threads=threads or None, **want)
+        except RowError as e:  # the row in the input, not in the chunk
+            raise row_error(e.status, int(sel[e.row]), lg.lead_shape) from None
+        for name in ("nll", "entropy", "kl", "ref_nll", "argmax", "ref_argmax"):
+            arr = getattr(out, name)
+            if arr is not None:
+                arr[sel] = getattr(part, name)
+    out.n_counted = int(rows.size)
+    out.nll_sum = _fsum(out.nll) if out.nll is not None else 0.0
+    return out
+
+
+def _cuda_chunk_bytes() -> int:
+    from . import _cuda
+
+    return _cuda._chunk_bytes
+
+
+def _take_rows(x: Any, rows: I64Array, lead_shape: Tuple[int, ...]) -> Any:
+    """Rows ``rows`` (flat row numbers) of logits x as (len(rows), V): lazy
+    logits computed now, plain ones copied (those rows only)."""
+    if isinstance(x, Projected):
+        return x.rows(rows)
+    index = np.unravel_index(rows, lead_shape) if lead_shape else (np.zeros_like(rows),)
+    if is_torch(x):
+        import torch
+
+        x = x.detach()
+        if not lead_shape:
+            x = x[None]
+        return x[tuple(torch.from_numpy(np.ascontiguousarray(k)).to(x.device) for k in index)]
+    return np.asarray(x)[index] if lead_shape else np.asarray(x)[None][index]

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._core import lm_status as Status
 
-__all__ = ["Status", "ROW_STATUSES", "InputError", "FileError", "position", "row_error", "target_error"]
+__all__ = ["Status", "ROW_STATUSES", "InputError", "FileError", "RowError", "position", "row_error", "target_error"]
 
 _ROW_MESSAGES = {
     Status.LM_ERR_NAN: "NaN in logits at row {row} (position {pos})",
@@ -35,9 +35,19 @@ def position(i: int, lead_shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(int(k) for k in np.unravel_index(i, tuple(lead_shape))) if lead_shape else ()
 
 
-def row_error(status: int, row: int, lead_shape: Sequence[int]) -> ValueError:
+class RowError(ValueError):
+    """A bad row (NaN, or all -inf, in either buffer): a ValueError whose
+    message names the row; ``status`` and ``row`` say which, so that a pass
+    over some rows of a larger input can name the row in the input."""
+
+    def __init__(self, status: int, row: int, lead_shape: Sequence[int]) -> None:
+        super().__init__(_ROW_MESSAGES[Status(status)].format(row=row, pos=position(row, lead_shape)))
+        self.status, self.row = Status(status), row
+
+
+def row_error(status: int, row: int, lead_shape: Sequence[int]) -> RowError:
     """The exception for a bad row: NaN, or all -inf, in either buffer."""
-    return ValueError(_ROW_MESSAGES[Status(status)].format(row=row, pos=position(row, lead_shape)))
+    return RowError(status, row, lead_shape)
 
 
 def target_error(value: int, i: int, n_cols: int, lead_shape: Sequence[int]) -> ValueError:

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from . import _core
 from ._errors import target_error
+from ._lazy import Projected
 from ._types import I64Array
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ def model_logits(x: Any) -> Any:
 def shifted(logits: Any, targets: Any, reference: Any = None) -> Tuple[Any, Any, Any]:
     """Next-token alignment of unshifted inputs (Hugging Face labels):
     position t is scored against targets[..., t + 1] and the last position
-    is dropped. Views of the logits (numpy or torch, any device), no copy."""
+    is dropped. Views of the logits (numpy or torch, any device), no copy;
+    lazy logits drop their last hidden state."""
     logits = _array(logits)
     if logits.ndim < 2:
         raise ValueError(f"shift=True needs logits with a time axis (..., T, V), got shape "
@@ -73,12 +75,17 @@ def shifted(logits: Any, targets: Any, reference: Any = None) -> Tuple[Any, Any,
         if tuple(reference.shape) != tuple(logits.shape):
             raise ValueError(f"reference_logits shape {tuple(reference.shape)} does not match logits "
                              f"shape {tuple(logits.shape)}")
-        reference = reference[..., :-1, :]
-    return logits[..., :-1, :], targets, reference
+        reference = _drop_last(reference)
+    return _drop_last(logits), targets, reference
+
+
+def _drop_last(x: Any) -> Any:
+    """x without its last position (the axis before the vocabulary)."""
+    return x.drop_last_position() if isinstance(x, Projected) else x[..., :-1, :]
 
 
 def _array(x: Any) -> Any:
-    return x if isinstance(x, np.ndarray) or is_torch(x) else np.asarray(x)
+    return x if isinstance(x, (np.ndarray, Projected)) or is_torch(x) else np.asarray(x)
 
 
 def _as_rows(x: Any) -> Optional[Any]:

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Sequence, Union, overload
 import numpy as np
 import numpy.typing as npt
 
-from ._engine import check_positive_int
+from ._checks import check_positive_int
 from ._types import FloatArray
 
 LN2 = math.log(2.0)

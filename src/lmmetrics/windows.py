@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from ._engine import check_positive_int
+from ._checks import check_positive_int
 from .metrics import token_nll
 
 if TYPE_CHECKING:

@@ -1,0 +1,188 @@
+"""Lazy logits (lmmetrics.projected, lmmetrics.model_logits): every function
+gives the materialized logits' numbers (computed here by numpy / torch from
+the same hidden states and head, in float64 where the contract is tight),
+never holds more than its chunk, never projects an ignored row, and names
+what is wrong with bad input."""
+import math
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from lmmetrics import _lazy
+from helpers import ref_entropy, ref_kl, ref_nll
+
+TOL = 2e-6
+
+
+def _case(rng, B=3, T=20, d=24, V=700, dtype=np.float32):
+    h = rng.standard_normal((B, T, d)).astype(dtype)
+    w = (rng.standard_normal((V, d)) * 0.4).astype(dtype)
+    b = (rng.standard_normal(V) * 0.1).astype(dtype)
+    ids = rng.integers(0, V, (B, T))
+    ids[0, 3:6] = -100
+    ids[2, -1] = -100
+    return h, w, b, ids
+
+
+def _logits64(h, w, b=None, scale=1.0, softcap=None):
+    z = h.astype(np.float64) @ w.astype(np.float64).T
+    if b is not None:
+        z = z + b
+    z = z * scale
+    return z if softcap is None else softcap * np.tanh(z / softcap)
+
+
+@pytest.fixture(params=[None, 5 * 700 * 4], ids=["one chunk", "chunks of 5 rows"])
+def chunk(request):
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_function_matches_the_materialized_logits(chunk, dtype):
+    rng = np.random.default_rng(1)
+    h, w, b, ids = _case(rng, dtype=dtype)
+    hr = h + rng.standard_normal(h.shape).astype(dtype) * 0.05
+    lazy = lmmetrics.projected(h, w, b, chunk_bytes=chunk)
+    lazy_ref = lmmetrics.projected(hr, w, b, chunk_bytes=chunk)
+    z, r = (_logits64(x, w, b) for x in (h, hr))
+    tgt = ids[:, 1:]
+    zs, rs = z[:, :-1], r[:, :-1]
+    counted = (tgt >= 0)
+    want_nll = ref_nll(zs, tgt)
+    tol = dict(rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(lmmetrics.token_nll(lazy, ids, shift=True), want_nll, **tol)
+    assert lmmetrics.cross_entropy(lazy, ids, shift=True) == pytest.approx(want_nll[counted].mean(), rel=1e-7)
+    assert lmmetrics.cross_entropy(lazy, ids, shift=True, reduction="sum") == pytest.approx(want_nll.sum(), rel=1e-7)
+    assert lmmetrics.perplexity(lazy, ids, shift=True) == pytest.approx(math.exp(want_nll[counted].mean()), rel=1e-6)
+    assert lmmetrics.bits_per_token(lazy, ids, shift=True) == pytest.approx(
+        want_nll[counted].mean() / math.log(2), rel=1e-7)
+    table = rng.integers(0, 5, w.shape[0])
+    nb = table[np.where(counted, tgt, 0)] * counted
+    assert lmmetrics.bits_per_byte(lazy, ids, table, shift=True) == pytest.approx(
+        (want_nll * (nb > 0)).sum() / (math.log(2) * nb.sum()), rel=1e-7)
+    chars = table + 1
+    nc = chars[np.where(counted, tgt, 0)] * counted
+    assert lmmetrics.bits_per_character(lazy, ids, token_chars=chars, shift=True) == pytest.approx(
+        want_nll.sum() / (math.log(2) * nc.sum()), rel=1e-7)
+    np.testing.assert_allclose(lmmetrics.token_entropy(lazy), ref_entropy(z), **tol)
+    np.testing.assert_allclose(lmmetrics.token_kl(lazy, reference_logits=lazy_ref), ref_kl(r, z), **tol)
+    # the reference lazy, the model plain (and the other way round)
+    np.testing.assert_allclose(lmmetrics.token_kl(z.astype(dtype), reference_logits=lazy_ref), ref_kl(r, z), **tol)
+    assert lmmetrics.kl_divergence(lazy, reference_logits=r.astype(dtype)) == pytest.approx(
+        ref_kl(r, z).mean(), rel=1e-6, abs=TOL)
+    lp, greedy = lmmetrics.loglikelihood(lazy, ids, shift=True)
+    np.testing.assert_allclose(lp, -want_nll.sum(1), rtol=1e-7)
+    np.testing.assert_array_equal(greedy, [bool(((np.argmax(zs[i], -1) == tgt[i]) | ~counted[i]).all())
+                                           for i in range(3)])
+    # evaluate / Evaluator / compare, lazy against the same function on the
+    # materialized logits (whose own contract the other tests hold)
+    plain = lmmetrics.evaluate(h @ w.T + b, ids, shift=True, token_bytes=table, reference_logits=hr @ w.T + b)
+    got = lmmetrics.evaluate(lazy, ids, shift=True, token_bytes=table, reference_logits=lazy_ref)
+    for k, v in plain.as_dict().items():
+        assert got.as_dict()[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
+    assert got.entropy == pytest.approx(ref_entropy(zs)[counted].mean(), rel=1e-6)
+    assert got.kl == pytest.approx(ref_kl(rs, zs)[counted].mean(), rel=1e-6, abs=TOL)
+    ev = lmmetrics.Evaluator(shift=True, token_bytes=table)
+    for i in range(3):
+        ev.update(lmmetrics.projected(h[i], w, b, chunk_bytes=chunk), ids[i],
+                  reference_logits=lmmetrics.projected(hr[i], w, b))
+    assert ev.compute().as_dict() == pytest.approx(got.as_dict(), rel=1e-6, abs=1e-8)  # BLAS rounds per shape
+    c_plain = lmmetrics.compare(h @ w.T + b, ids, reference_logits=hr @ w.T + b, shift=True).as_dict()
+    c_lazy = lmmetrics.compare(lazy, ids, reference_logits=lazy_ref, shift=True).as_dict()
+    assert c_lazy["ppl"]["value"] == pytest.approx(c_plain["ppl"]["value"], rel=1e-6)
+    assert c_lazy["kld"]["mean"] == pytest.approx(c_plain["kld"]["mean"], rel=1e-5, abs=1e-9)
+    assert c_lazy["same_top"] == c_plain["same_top"]
+
+
+def test_scale_softcap_unshifted_and_flat_rows():
+    rng = np.random.default_rng(2)
+    h, w, b, ids = _case(rng, T=9)
+    z = _logits64(h, w, b, scale=3.0, softcap=7.0)
+    lazy = lmmetrics.projected(h, w, b, scale=3.0, softcap=7.0, chunk_bytes=4 * 700 * 4)
+    np.testing.assert_allclose(lmmetrics.token_nll(lazy, ids), ref_nll(z, ids), rtol=1e-5, atol=1e-5)
+    # one position, one row (d,): shapes as plain logits have them
+    one = lmmetrics.projected(h[0, 0], w)
+    assert one.shape == (700,)
+    assert lmmetrics.token_nll(one, ids[1, 0]) == pytest.approx(ref_nll(_logits64(h[0, 0], w), ids[1, 0]), abs=TOL)
+    # a softcap on the call caps lazy logits as it caps plain ones
+    plain = lmmetrics.token_nll(h @ w.T, ids, softcap=4.0)
+    np.testing.assert_allclose(lmmetrics.token_nll(lmmetrics.projected(h, w), ids, softcap=4.0), plain,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_are_bounded_and_ignored_rows_never_projected(monkeypatch):
+    rng = np.random.default_rng(3)
+    h, w, b, ids = _case(rng, B=4, T=50)
+    seen = []
+    rows = _lazy.Projected.rows
+    monkeypatch.setattr(_lazy.Projected, "rows", lambda self, idx: seen.append(np.array(idx)) or rows(self, idx))
+    budget = 7 * 700 * 4
+    lmmetrics.cross_entropy(lmmetrics.projected(h, w, chunk_bytes=budget), ids)
+    flat = ids.reshape(-1)
+    assert max(len(s) for s in seen) * 700 * 4 <= budget and len(seen) > 10
+    done = np.concatenate(seen)
+    np.testing.assert_array_equal(np.sort(done), np.flatnonzero(flat >= 0))  # each counted row once
+    # the default budget on the host: a few tens of MiB of logits
+    seen.clear()
+    lmmetrics.cross_entropy(lmmetrics.projected(h, w), ids)
+    assert len(seen) == 1
+
+
+def test_torch_tensors_and_16_bit():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    h, w, b, ids = _case(rng)
+    ht, wt, bt, it = (torch.from_numpy(x) for x in (h, w, b, ids))
+    lazy = lmmetrics.projected(ht, wt, bt, chunk_bytes=3 * 700 * 4)
+    nll = lmmetrics.token_nll(lazy, it, shift=True)
+    assert isinstance(nll, torch.Tensor) and nll.shape == (3, 19)
+    np.testing.assert_allclose(nll.numpy(), ref_nll(_logits64(h, w, b)[:, :-1], ids[:, 1:]), rtol=1e-5, atol=1e-5)
+    for dt in (torch.bfloat16, torch.float16):
+        lz = lmmetrics.projected(ht.to(dt), wt.to(dt), bt.to(dt))
+        full = torch.nn.functional.linear(ht.to(dt), wt.to(dt), bt.to(dt))
+        assert lz.dtype == str(dt).replace("torch.", "")
+        assert lmmetrics.perplexity(lz, it, shift=True) == pytest.approx(
+            lmmetrics.perplexity(full, it, shift=True), rel=1e-3)
+
+
+def test_bad_input_is_named():
+    rng = np.random.default_rng(5)
+    h, w, b, ids = _case(rng)
+    with pytest.raises(ValueError, match=r"hidden size 24 .* does not match the weight's 23"):
+        lmmetrics.projected(h, w[:, :23])
+    with pytest.raises(ValueError, match=r"bias must have shape \(700,\)"):
+        lmmetrics.projected(h, w, b[:5])
+    with pytest.raises(TypeError, match="float32 or float64"):
+        lmmetrics.projected(h.astype(np.float16), w)
+    with pytest.raises(ValueError, match="scale"):
+        lmmetrics.projected(h, w, scale=0.0)
+    with pytest.raises(ValueError, match=r"vocabulary \(700\) and the reference's \(600\) differ"):
+        lmmetrics.token_kl(lmmetrics.projected(h, w), reference_logits=lmmetrics.projected(h, w[:600]))
+    with pytest.raises(ValueError, match="softcap is given both"):
+        lmmetrics.token_nll(lmmetrics.projected(h, w, softcap=30.0), ids, softcap=30.0)
+    with pytest.raises(ValueError, match="out of range"):
+        lmmetrics.token_nll(lmmetrics.projected(h, w), np.full_like(ids, 700))
+    # a NaN hidden state: the row named as in the input, not in its chunk
+    h2 = h.copy()
+    h2[2, 7, 0] = np.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 47 \(position \(2, 7\)\)"):
+        lmmetrics.token_nll(lmmetrics.projected(h2, w, chunk_bytes=700 * 4 * 3), ids)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="all be torch tensors or all numpy"):
+        lmmetrics.projected(torch.from_numpy(h), w)
+    with pytest.raises(TypeError, match="share one dtype"):
+        lmmetrics.projected(torch.from_numpy(h), torch.from_numpy(w).double())
+
+
+def test_an_evaluator_keeps_its_sums_when_an_update_fails():
+    rng = np.random.default_rng(6)
+    h, w, b, ids = _case(rng)
+    ev = lmmetrics.Evaluator()
+    ev.update(lmmetrics.projected(h, w), ids)
+    before = ev.compute().as_dict()
+    h2 = h.copy()
+    h2[1, 4, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        ev.update(lmmetrics.projected(h2, w, chunk_bytes=700 * 4), ids)
+    assert ev.compute().as_dict() == before
