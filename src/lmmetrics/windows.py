@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from ._checks import check_positive_int
+from ._lazy import model_logits
 from .metrics import token_nll
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ _WINDOWS = {"lm-eval": _lm_eval_windows, "hf-guide": _hf_guide_windows,
 
 def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = None,
                        convention: str = "lm-eval", prefix_token: Optional[int] = None,
-                       batch_size: int = 1, num_threads: Optional[int] = None) -> torch.Tensor:
+                       batch_size: int = 1, num_threads: Optional[int] = None,
+                       materialize: bool = True) -> torch.Tensor:
     """Per-token NLL (nats) of a long ``input_ids`` scored by windows of at
     most ``max_length`` tokens.
 
@@ -138,6 +140,11 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     see. The result does not depend on ``batch_size`` (beyond the model's
     own floating-point differences between batch shapes). ``input_ids`` is
     1-D or (1, T); the model is called under ``torch.no_grad()``.
+
+    ``materialize=False`` never holds a batch's (B, L, V) logits: the model
+    (a Hugging Face causal LM) runs its body, and its head is applied a
+    bounded chunk of rows at a time (:func:`lmmetrics.model_logits`, checked
+    against the model's own forward on the first batch).
     """
     import torch
 
@@ -177,8 +184,11 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
                 if b - a < width:  # right padding, after every scored position
                     w = torch.cat([w, w[-1:].expand(width - (b - a))])
                 rows.append(w)
-            logits = _returned_logits(model(torch.stack(rows)))
-            if logits.dim() != 3 or logits.shape[:2] != (len(batch), width):
+            if materialize:
+                logits = _returned_logits(model(torch.stack(rows)))
+            else:
+                logits = model_logits(model, torch.stack(rows), check=s == 0)
+            if len(logits.shape) != 3 or tuple(logits.shape[:2]) != (len(batch), width):
                 raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
                                  f"windows of shape {(len(batch), width)}; expected (B, L, V)")
             # targets laid out like the logits: window position j predicts seq[a + j + 1]
