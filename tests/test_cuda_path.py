@@ -209,3 +209,22 @@ def test_torch_path_accuracy_as_documented(dev, monkeypatch):
         np.testing.assert_allclose(res.nll, ref_nll(zf, t.numpy()), rtol=0, atol=3e-5)
         np.testing.assert_allclose(res.kl, ref_kl(rf, zf), rtol=0, atol=3e-5)
         np.testing.assert_allclose(res.entropy, ref_entropy(zf), rtol=0, atol=1e-4)
+
+
+def test_lazy_logits_on_the_cuda_path(dev, small_chunks):
+    """projected() with tensors on the device: chunks of rows through the CUDA
+    path, the numbers of the materialized logits on the native core."""
+    g = torch.Generator().manual_seed(23)
+    h = torch.randn(3, 11, 16, generator=g)
+    w = torch.randn(1000, 16, generator=g) * 0.5
+    t = torch.randint(0, 1000, (3, 11), generator=g)
+    t[1, 2] = -100
+    lazy = lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=4 * 1000 * 4)
+    ref = lmmetrics.projected((h * 1.1).to(dev), w.to(dev))
+    got = lmmetrics.evaluate(lazy, t.to(dev), shift=True, reference_logits=ref).as_dict()
+    want = lmmetrics.evaluate((h @ w.T).numpy(), t.numpy(), shift=True,
+                              reference_logits=((h * 1.1) @ w.T).numpy()).as_dict()
+    for k, v in want.items():
+        assert (got[k] is None) if v is None else got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    nll = lmmetrics.token_nll(lazy, t.to(dev))
+    assert isinstance(nll, torch.Tensor) and nll.device.type == dev.type and nll.shape == (3, 11)

@@ -323,6 +323,26 @@ def group_gpu_path_edges():
     print("GROUP OK")
 
 
+def group_lazy_logits():
+    """projected() tensors: each chunk of rows through the Triton kernel."""
+    import torch
+
+    calls = _route()
+    g = torch.Generator().manual_seed(24)
+    h = torch.randn(2, 9, 16, generator=g)
+    w = torch.randn(700, 16, generator=g) * 0.5
+    t = torch.randint(0, 700, (2, 9), generator=g)
+    t[0, 4] = -100
+    lazy = lmmetrics.projected(h, w, chunk_bytes=5 * 700 * 4)
+    got = lmmetrics.evaluate(lazy, t, shift=True, reference_logits=lmmetrics.projected(h * 0.9, w)).as_dict()
+    want = lmmetrics.evaluate((h @ w.T).numpy(), t.numpy(), shift=True,
+                              reference_logits=((h * 0.9) @ w.T).numpy()).as_dict()
+    for k, v in want.items():
+        assert (got[k] is None) if v is None else got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    assert len(calls) == 8  # 15 counted rows, 2 a chunk (the budget holds both sides): 8 chunks
+    print("GROUP OK")
+
+
 def group_split_rows():
     """Long rows over several programs; results independent of the launch
     (tiles a program takes, rows a launch holds)."""
@@ -583,7 +603,7 @@ def group_compile_sm90():
 
 # ------------------------------------------------------------- the tests
 
-@pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges",
+@pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
                                    "group_split_rows", "group_layouts_and_api", "group_bench_smoke"])
 def test_interpreted(group):
     _in_subprocess(group)
