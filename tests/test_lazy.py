@@ -116,17 +116,34 @@ def test_chunks_are_bounded_and_ignored_rows_never_projected(monkeypatch):
     h, w, b, ids = _case(rng, B=4, T=50)
     seen = []
     rows = _lazy.Projected.rows
-    monkeypatch.setattr(_lazy.Projected, "rows", lambda self, idx: seen.append(np.array(idx)) or rows(self, idx))
-    budget = 7 * 700 * 4
-    lmmetrics.cross_entropy(lmmetrics.projected(h, w, chunk_bytes=budget), ids)
+    monkeypatch.setattr(_lazy.Projected, "rows", lambda self, idx, *cols: seen.append(
+        (np.array(idx), rows(self, idx, *cols))) or seen[-1][1])
     flat = ids.reshape(-1)
-    assert max(len(s) for s in seen) * 700 * 4 <= budget and len(seen) > 10
-    done = np.concatenate(seen)
+    # a narrow vocabulary: whole rows, 7 at a time
+    budget = 7 * 400 * 4
+    lmmetrics.cross_entropy(lmmetrics.projected(h, w[:400], chunk_bytes=budget), np.where(ids >= 0, ids % 400, ids))
+    assert max(z.nbytes for _, z in seen) <= budget and len(seen) > 10
+    assert all(z.shape[1] == 400 for _, z in seen)
+    done = np.concatenate([i for i, _ in seen])
     np.testing.assert_array_equal(np.sort(done), np.flatnonzero(flat >= 0))  # each counted row once
-    # the default budget on the host: a few tens of MiB of logits
+    # the default budget on the host: a few tens of MiB of logits, one chunk here
     seen.clear()
     lmmetrics.cross_entropy(lmmetrics.projected(h, w), ids)
     assert len(seen) == 1
+    # a vocabulary too wide for the budget: tiles of rows x a vocabulary block
+    hw, ww = rng.standard_normal((300, 8)).astype(np.float32), rng.standard_normal((5000, 8)).astype(np.float32)
+    tw = rng.integers(0, 5000, 300)
+    tw[::7] = -100
+    seen.clear()
+    budget = 600 * 4 * 40  # 40 rows x 600 columns
+    m = lmmetrics.evaluate(lmmetrics.projected(hw, ww, chunk_bytes=budget), tw)
+    assert max(z.nbytes for _, z in seen) <= budget and max(z.shape[1] for _, z in seen) < 5000
+    assert not (set(np.concatenate([i for i, _ in seen])) & set(np.flatnonzero(tw < 0)))
+    z = hw.astype(np.float64) @ ww.T.astype(np.float64)
+    c = tw >= 0
+    assert m.loss == pytest.approx(ref_nll(z[c], tw[c]).mean(), rel=1e-6)
+    assert m.entropy == pytest.approx(ref_entropy(z[c]).mean(), rel=1e-6)
+    assert m.accuracy == pytest.approx((np.argmax(z[c], 1) == tw[c]).mean())
 
 
 def test_torch_tensors_and_16_bit():
@@ -186,3 +203,37 @@ def test_an_evaluator_keeps_its_sums_when_an_update_fails():
     with pytest.raises(ValueError, match="NaN"):
         ev.update(lmmetrics.projected(h2, w, chunk_bytes=700 * 4), ids)
     assert ev.compute().as_dict() == before
+
+
+def test_vocabulary_blocks_merge_exactly():
+    """Tiles of rows x vocabulary blocks (a budget far below a row): the
+    merged NLL, entropy, KL, argmax (ties across blocks: the first) and the
+    reference's NLL and argmax against float64; a reference block all -inf
+    (the rows done again whole); NaN named at its row."""
+    rng = np.random.default_rng(7)
+    h = rng.standard_normal((2, 30, 6)).astype(np.float32)
+    w = rng.standard_normal((2000, 6)).astype(np.float32)
+    w[1500] = w[100]  # a tie across blocks: the first index wins
+    h[0, 3] = w[100] * 4
+    t = rng.integers(0, 2000, (2, 30))
+    z = _logits64(h, w)
+    r = z + rng.standard_normal(z.shape) * 0.3
+    r[1, 5, :700] = -np.inf  # a block of the reference with no mass
+    r[1, 5, 0] = 0.0
+    r[1, 6, 600:1400] = -np.inf
+    lazy = lmmetrics.projected(h, w, chunk_bytes=8 * 600 * 12)
+    for cap in (None, 9.0):
+        zc, rc = (x if cap is None else cap * np.tanh(x / cap) for x in (z, r))
+        got = lmmetrics._engine.run(lazy, t, r.astype(np.float32), softcap=cap, nll=True, entropy=True, argmax=True,
+                                    kl=True, ref_nll=True)
+        tol = dict(rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(got.nll, ref_nll(zc, t).reshape(-1), **tol)
+        np.testing.assert_allclose(got.entropy, ref_entropy(zc).reshape(-1), **tol)
+        np.testing.assert_allclose(got.kl, ref_kl(rc, zc).reshape(-1), **tol)
+        np.testing.assert_allclose(got.ref_nll, ref_nll(rc, t).reshape(-1), **tol)
+        np.testing.assert_array_equal(got.argmax, np.argmax(z, -1).reshape(-1))
+        np.testing.assert_array_equal(got.ref_argmax, np.argmax(r, -1).reshape(-1))
+        assert got.argmax[3] == 100
+    h[1, 20, 1] = np.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 50 \(position \(1, 20\)\)"):
+        lmmetrics.token_nll(lmmetrics.projected(h, w, chunk_bytes=8 * 600 * 4), t)

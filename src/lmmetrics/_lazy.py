@@ -12,7 +12,6 @@ own forward before it is used.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import numpy as np
@@ -80,13 +79,20 @@ class Projected:
             raise ValueError("projected: the weight has an empty vocabulary (shape (0, d))")
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"projected: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale == 0:
+        try:
+            scale_f = float(scale)
+        except (TypeError, ValueError):
+            scale_f = math.nan
+        if not math.isfinite(scale_f) or scale_f == 0:
             raise ValueError(f"projected: scale must be a finite non-zero number, got {scale!r}")
-        self.hidden, self.weight, self.bias = hidden, weight, bias
-        self.scale = float(scale)
-        self.softcap = check_softcap(softcap) or None
-        self.chunk_bytes = None if chunk_bytes is None else check_positive_int("chunk_bytes", chunk_bytes)
-        self.is_torch = bool(torch_in[0])
+        self.hidden: Any = hidden
+        self.weight: Any = weight
+        self.bias: Any = bias
+        self.scale: float = scale_f
+        self.softcap: Optional[float] = check_softcap(softcap) or None
+        self.chunk_bytes: Optional[int] = None if chunk_bytes is None else check_positive_int("chunk_bytes",
+                                                                                              chunk_bytes)
+        self.is_torch: bool = bool(torch_in[0])
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -129,36 +135,42 @@ class Projected:
         new.hidden = self.hidden[..., :-1, :]
         return new
 
-    def rows(self, index: Any) -> Any:
-        """The logits (len(index), V) of the rows ``index`` (flat row numbers,
-        a numpy int64 array), computed now: the only place logits exist."""
+    def rows(self, index: Any, cols: slice = slice(None), softcap: float = 0.0) -> Any:
+        """The logits (len(index), columns) of the rows ``index`` (flat row
+        numbers, a numpy int64 array) in the vocabulary columns ``cols``,
+        computed now: the only place logits exist. ``softcap`` caps them
+        further (a metric's own softcap, applied here when the engine splits
+        the vocabulary)."""
         lead = self.shape[:-1]
-        h = self.hidden.reshape(-1, self.hidden.shape[-1]) if len(lead) <= 1 else None
+        w = self.weight[cols]
+        b = None if self.bias is None else self.bias[cols]
+        caps = [c for c in (self.softcap, softcap or None) if c]
         if self.is_torch:
             import torch
 
-            sel = torch.from_numpy(np.ascontiguousarray(index)).to(self.hidden.device)
-            if h is not None:
-                h = h.index_select(0, sel)
+            if len(lead) <= 1:
+                sel = torch.from_numpy(np.ascontiguousarray(index)).to(self.hidden.device)
+                h = self.hidden.reshape(-1, self.hidden.shape[-1]).index_select(0, sel)
             else:
                 h = self.hidden[tuple(torch.from_numpy(np.ascontiguousarray(k)).to(self.hidden.device)
                                       for k in np.unravel_index(index, lead))]
-            z = torch.nn.functional.linear(h, self.weight, self.bias)
+            z = torch.nn.functional.linear(h, w, b)
             if self.scale != 1.0:
                 z.mul_(self.scale)
-            if self.softcap:
-                z = torch.tanh(z.div_(self.softcap)).mul_(self.softcap)
+            for c in caps:
+                z = torch.tanh(z.div_(c)).mul_(c)
             return z
-        h = h[index] if h is not None else self.hidden[np.unravel_index(index, lead)]
-        z = h @ self.weight.T
-        if self.bias is not None:
-            z += self.bias
+        h = self.hidden.reshape(-1, self.hidden.shape[-1])[index] if len(lead) <= 1 else \
+            self.hidden[np.unravel_index(index, lead)]
+        z = h @ w.T
+        if b is not None:
+            z += b
         if self.scale != 1.0:
             z *= self.scale
-        if self.softcap:
-            z /= self.softcap
+        for c in caps:
+            z /= c
             np.tanh(z, out=z)
-            z *= self.softcap
+            z *= c
         return z
 
 

@@ -184,10 +184,8 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
                 if b - a < width:  # right padding, after every scored position
                     w = torch.cat([w, w[-1:].expand(width - (b - a))])
                 rows.append(w)
-            if materialize:
-                logits = _returned_logits(model(torch.stack(rows)))
-            else:
-                logits = model_logits(model, torch.stack(rows), check=s == 0)
+            logits: Any = (_returned_logits(model(torch.stack(rows))) if materialize
+                           else model_logits(model, torch.stack(rows), check=s == 0))
             if len(logits.shape) != 3 or tuple(logits.shape[:2]) != (len(batch), width):
                 raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
                                  f"windows of shape {(len(batch), width)}; expected (B, L, V)")
