@@ -24,7 +24,9 @@ def test_the_installed_package_is_tested():
 
 def _needed_files():
     """The files a build from the sdist (and its tests) needs, from the tree."""
-    needed = {"README.md", "LICENSE", "pyproject.toml", "setup.py", "MANIFEST.in"}
+    needed = {"README.md", "CONTRIBUTING.md", "LICENSE", "pyproject.toml", "setup.py", "MANIFEST.in", "mkdocs.yml"}
+    for p in (ROOT / "docs").rglob("*.md"):
+        needed.add(p.relative_to(ROOT).as_posix())  # tests/test_docs.py runs their examples
     for p in (ROOT / "lmmetrics_c").iterdir():
         if p.is_file() and p.name != "_core.c" and p.suffix in (".c", ".h", ".pyx", ".pxd"):
             needed.add(p.relative_to(ROOT).as_posix())

@@ -27,7 +27,14 @@ DELTA_P_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 75.0, 50.0, 25.0, 10.0, 5.0, 1.0,
 
 @dataclass(frozen=True)
 class Estimate:
-    """A value with its uncertainty (one standard error)."""
+    """A value with its uncertainty (one standard error).
+
+    Attributes
+    ----------
+    value : float
+    uncertainty : float
+        One standard error; 0 where too few tokens were counted to give one.
+    """
 
     value: float
     uncertainty: float
@@ -39,7 +46,16 @@ class Estimate:
 @dataclass(frozen=True)
 class Distribution:
     """Mean (with uncertainty), extremes and percentiles of per-token values.
-    Percentiles interpolate linearly at f (n - 1) on the sorted values."""
+
+    Percentiles interpolate linearly at ``f (n - 1)`` on the sorted values.
+
+    Attributes
+    ----------
+    mean : Estimate
+    max, min, median : float
+    percentiles : dict of float to float
+        Percent (e.g. 99.9) to value.
+    """
 
     mean: Estimate
     max: float
@@ -48,15 +64,44 @@ class Distribution:
     percentiles: Dict[float, float] = field(default_factory=dict)
 
     def ordered(self) -> List[Tuple[float, float]]:
-        """(percent, value) from the highest percentile down, the median
-        in its place."""
+        """The percentiles, the median among them, from the highest down.
+
+        Returns
+        -------
+        list of (float, float)
+            ``(percent, value)`` pairs.
+        """
         items = {**self.percentiles, 50.0: self.median}
         return sorted(items.items(), reverse=True)
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """What :func:`compare` returns; ``str()`` prints llama.cpp's tables."""
+    """What :func:`compare` returns; ``str()`` prints llama.cpp's tables.
+
+    Attributes
+    ----------
+    tokens : int
+        Counted tokens.
+    ppl, ppl_ref : Estimate
+        ``exp(mean NLL)`` of the model and of the reference.
+    correlation : float
+        Of the per-token NLL of model and reference.
+    ln_ratio : Estimate
+        Mean ``ln(PPL / PPL_ref)``.
+    ratio : Estimate
+        ``PPL / PPL_ref``.
+    delta_ppl : Estimate
+        ``PPL - PPL_ref``.
+    kld : Distribution
+        ``KL(P_ref || P_model)`` per token, nats.
+    delta_p : Distribution
+        ``p_model(target) - p_ref(target)`` per token.
+    rms_delta_p : Estimate
+        ``sqrt(mean dp^2)``.
+    same_top : Estimate
+        Fraction of tokens whose argmaxes agree.
+    """
 
     tokens: int
     ppl: Estimate             #: exp(mean nll) of the model
@@ -71,7 +116,12 @@ class Comparison:
     same_top: Estimate        #: fraction of tokens whose argmaxes agree
 
     def as_dict(self) -> Dict[str, Any]:
-        """Nested plain dicts (JSON-ready; percentile keys as strings)."""
+        """Nested plain dicts (JSON-ready; percentile keys as strings).
+
+        Returns
+        -------
+        dict
+        """
         d = asdict(self)
         for k in ("kld", "delta_p"):
             d[k]["percentiles"] = {_pct_name(p): v for p, v in d[k]["percentiles"].items()}
@@ -130,7 +180,19 @@ def _distribution(x: F64Array, pcts: Sequence[float]) -> Distribution:
 
 def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
                            same: BoolArray) -> Comparison:
-    """The statistics from per-token float64 values of the counted tokens."""
+    """The statistics from per-token float64 values of the counted tokens.
+
+    Parameters
+    ----------
+    nll_m, nll_r, kld : numpy.ndarray
+        Per-token NLL of the model and of the reference, and the KL, float64.
+    same : numpy.ndarray
+        Per token, whether the argmaxes agree (bool).
+
+    Returns
+    -------
+    Comparison
+    """
     n = int(nll_m.size)
     if n == 0:
         raise ValueError("no counted token to compare (every target is ignored)")
@@ -164,17 +226,68 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
 def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: Optional[int] = -100,
             shift: bool = False, softcap: Optional[float] = None,
             num_threads: Optional[int] = None) -> Comparison:
-    """Compare a model's logits with a reference model's on the same tokens
-    (llama.cpp's ``perplexity --kl-divergence`` statistics, exactly).
+    """Compare a model's logits with a reference model's on the same tokens.
 
-    Both logits are (..., V) with the same shape (or model outputs with
-    ``.logits``); their dtypes may differ (a float32 base against a bfloat16
-    or float16 quantized model), each read in its own dtype. The reference
-    is keyword-only. ``targets`` (...) as for :func:`cross_entropy`
-    (``shift``, ``ignore_index``, ``softcap`` likewise, the cap applied to
-    both). Both buffers are read once, together.
+    The statistics llama.cpp's ``perplexity --kl-divergence`` prints, from one
+    read of both buffers together (float64 sums, no 16-bit storage of the
+    reference).
 
-    >>> print(compare(quant_logits, targets, reference_logits=base_logits))   # doctest: +SKIP
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    reference_logits : array_like, torch.Tensor or model output
+        The reference model's logits (keyword-only, so that two buffers of the
+        same shape cannot be swapped): the distribution P_ref the expectation
+        is taken over. Same shape as ``logits``; the dtype may differ (a
+        float32 base against bfloat16 or float16 logits), each read in its
+        own dtype.
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    Comparison
+        ``print()`` it for llama.cpp's tables; ``as_dict()`` for JSON.
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> rng = np.random.default_rng(0)
+    >>> base = rng.standard_normal((64, 100), dtype=np.float32) * 3
+    >>> quant = base + rng.standard_normal(base.shape, dtype=np.float32) * 0.1
+    >>> c = lmmetrics.compare(quant, rng.integers(0, 100, 64), reference_logits=base)
+    >>> c.tokens, c.kld.mean.value < 0.01, c.same_top.value > 0.9
+    (64, True, True)
     """
     return comparison_from_tokens(*token_values(reference_logits, logits, targets, ignore_index=ignore_index,
                                                 shift=shift, softcap=softcap, num_threads=num_threads))
@@ -183,9 +296,15 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
 def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
                  shift: bool = False, softcap: Optional[float] = None,
                  num_threads: Optional[int] = None) -> Tuple[F64Array, F64Array, F64Array, BoolArray]:
-    """Per counted token, from one read of both logits: (nll_m, nll_r, kld,
-    same) as :func:`comparison_from_tokens` takes them (concatenate the
-    values of several chunks first)."""
+    """Per counted token, from one read of both logits, the values
+    :func:`comparison_from_tokens` takes (concatenate those of several chunks
+    first).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(nll_m, nll_r, kld, same)``.
+    """
     res = _engine.run(logits, targets, reference_logits, ignore_index=ignore_index, shift=shift,
                       softcap=softcap, num_threads=num_threads, nll=True, ref_nll=True, kl=True,
                       argmax=True)

@@ -14,8 +14,24 @@ LN2 = math.log(2.0)
 
 
 def exp(x: float) -> float:
-    """e^x as a float, inf where it overflows (math.exp raises there): a
-    perplexity of a mean NLL above ~709.78 nats is inf, not an error."""
+    """e^x as a float, inf where it overflows (``math.exp`` raises there).
+
+    A perplexity of a mean NLL above ~709.78 nats is inf, not an error.
+
+    Parameters
+    ----------
+    x : float
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> convert.exp(0.0), convert.exp(1000.0)
+    (1.0, inf)
+    """
     try:
         return math.exp(x)
     except OverflowError:
@@ -23,9 +39,26 @@ def exp(x: float) -> float:
 
 
 def bits_per_unit(nll_sum: float, units: float) -> float:
-    """Bits per unit (byte, character) of ``units`` units scored with a
-    summed NLL of ``nll_sum`` nats: ``nll_sum / (ln 2 * units)``, inf when
-    no unit was counted."""
+    """Bits per unit (byte, character): ``nll_sum / (ln 2 * units)``.
+
+    Parameters
+    ----------
+    nll_sum : float
+        Summed NLL, nats.
+    units : float
+        Units scored.
+
+    Returns
+    -------
+    float
+        inf when no unit was counted.
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> round(convert.bits_per_unit(6.931471805599453, 5), 6)
+    2.0
+    """
     return nll_sum / (LN2 * units) if units else math.inf
 
 
@@ -39,7 +72,22 @@ def nats_to_bits(x: npt.NDArray[Any]) -> FloatArray: ...
 
 
 def nats_to_bits(x: Union[float, npt.NDArray[Any]]) -> Union[float, FloatArray]:
-    """Nats to bits (divide by ln 2); works on floats and arrays."""
+    """Nats to bits (divide by ln 2).
+
+    Parameters
+    ----------
+    x : float or numpy.ndarray
+
+    Returns
+    -------
+    float or numpy.ndarray
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> round(convert.nats_to_bits(0.6931471805599453), 6)
+    1.0
+    """
     return x / LN2
 
 
@@ -50,14 +98,49 @@ def bits_to_nats(x: npt.NDArray[Any]) -> FloatArray: ...
 
 
 def bits_to_nats(x: Union[float, npt.NDArray[Any]]) -> Union[float, FloatArray]:
-    """Bits to nats (multiply by ln 2); works on floats and arrays."""
+    """Bits to nats (multiply by ln 2).
+
+    Parameters
+    ----------
+    x : float or numpy.ndarray
+
+    Returns
+    -------
+    float or numpy.ndarray
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> round(convert.bits_to_nats(1.0), 6)
+    0.693147
+    """
     return x * LN2
 
 
 def bpc_from_perplexity(ppl: float, num_tokens: int, num_chars: int) -> float:
-    """Bits per character of a text of ``num_chars`` characters scored as
-    ``num_tokens`` tokens with token-level perplexity ``ppl``:
-    ``BPC = N / T * ln(PPL) / ln 2``."""
+    """Bits per character of a text scored with a token-level perplexity.
+
+    ``BPC = N / T * ln(PPL) / ln 2`` for N tokens spelling T characters.
+
+    Parameters
+    ----------
+    ppl : float
+        Token-level perplexity.
+    num_tokens : int
+        N, tokens scored.
+    num_chars : int
+        T, characters of the text.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> round(convert.bpc_from_perplexity(16.0, 100, 400), 6)     # 4 bits a token, 4 characters a token
+    1.0
+    """
     if not float(ppl) > 0:
         raise ValueError(f"ppl must be positive, got {ppl!r}")
     return (check_positive_int("num_tokens", num_tokens) / check_positive_int("num_chars", num_chars)
@@ -65,7 +148,27 @@ def bpc_from_perplexity(ppl: float, num_tokens: int, num_chars: int) -> float:
 
 
 def perplexity_from_bpc(bpc: float, num_tokens: int, num_chars: int) -> float:
-    """The token-level perplexity matching ``bpc``: ``exp(BPC * ln 2 * T / N)``."""
+    """The token-level perplexity matching ``bpc``: ``exp(BPC * ln 2 * T / N)``.
+
+    Parameters
+    ----------
+    bpc : float
+        Bits per character.
+    num_tokens : int
+        N, tokens scored.
+    num_chars : int
+        T, characters of the text.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> round(convert.perplexity_from_bpc(1.0, 100, 400), 6)
+    16.0
+    """
     return exp(float(bpc) * LN2 * check_positive_int("num_chars", num_chars)
                / check_positive_int("num_tokens", num_tokens))
 
@@ -85,15 +188,37 @@ def _counts(name: str, counts: Optional[Sequence[int]], n: int) -> Optional[floa
 
 def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[int]] = None,
                    bytes: Optional[Sequence[int]] = None) -> Dict[str, Optional[float]]:
-    """Aggregate per-document log-likelihoods as lm-evaluation-harness does for
-    rolling loglikelihood tasks: the sum of log-likelihoods over the sum of
-    counts (not a mean of per-document ratios).
+    """Aggregate per-document log-likelihoods as lm-evaluation-harness does
+    for rolling loglikelihood tasks: the sum of log-likelihoods over the sum
+    of counts (not a mean of per-document ratios).
 
-    ``loglikelihoods`` are natural-log totals per document (<= 0); ``words``
-    and ``bytes`` the per-document word and UTF-8 byte counts. Returns
-    ``word_perplexity = exp(-sum LL / sum words)``, ``byte_perplexity =
-    exp(-sum LL / sum bytes)`` and ``bits_per_byte = -sum LL / (sum bytes * ln 2)``;
-    a value is None when its counts were not given.
+    Parameters
+    ----------
+    loglikelihoods : sequence of float
+        Natural-log totals per document (<= 0).
+    words : sequence of int, optional
+        Words per document.
+    bytes : sequence of int, optional
+        UTF-8 bytes per document.
+
+    Returns
+    -------
+    dict
+        ``word_perplexity = exp(-sum LL / sum words)``, ``byte_perplexity =
+        exp(-sum LL / sum bytes)`` and ``bits_per_byte = -sum LL / (sum bytes
+        * ln 2)``; a value is None when its counts were not given.
+
+    Raises
+    ------
+    ValueError
+        Counts that are not one per log-likelihood, or negative.
+
+    Examples
+    --------
+    >>> from lmmetrics import convert
+    >>> m = convert.corpus_metrics([-2301.5, -1807.25], words=[402, 310], bytes=[2310, 1751])
+    >>> round(m["word_perplexity"], 2), round(m["bits_per_byte"], 4)
+    (320.77, 1.4597)
     """
     ll = np.asarray(loglikelihoods, dtype=np.float64).reshape(-1)
     if np.isnan(ll).any():

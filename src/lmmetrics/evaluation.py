@@ -28,9 +28,40 @@ from .metrics import unit_sums
 class Metrics:
     """What :func:`evaluate` and :meth:`Evaluator.compute` report.
 
-    Means are over counted tokens (targets neither negative nor
-    ``ignore_index``); nan when no token was counted. Values in nats unless
-    the name says bits.
+    A frozen dataclass. Means are over counted tokens (targets neither
+    negative nor ``ignore_index``), nan when no token was counted; values in
+    nats unless the name says bits. ``str()`` gives one line a field;
+    :meth:`as_dict` a plain dict.
+
+    Attributes
+    ----------
+    tokens : int
+        Counted tokens.
+    ignored : int
+        Positions ignored.
+    bytes : int or None
+        UTF-8 bytes of the counted targets (with ``token_bytes``).
+    nll_sum : float
+        Summed NLL of the counted tokens.
+    loss : float
+        Mean NLL (cross-entropy).
+    perplexity : float
+        ``exp(loss)``.
+    bits_per_token : float
+        ``loss / ln 2``.
+    bits_per_byte : float or None
+        nanochat's bits per byte (with ``token_bytes``); inf when no byte was
+        counted.
+    accuracy : float
+        Fraction of counted tokens whose argmax is the target (the lowest
+        index wins ties).
+    entropy : float
+        Mean predictive entropy.
+    kl : float or None
+        Mean KL(P_ref || P_model) (with reference logits, else None).
+    same_top : float or None
+        Fraction of counted tokens whose argmax agrees with the reference's
+        (with reference logits, else None).
     """
 
     tokens: int                       #: counted tokens
@@ -47,7 +78,13 @@ class Metrics:
     same_top: Optional[float] = None  #: fraction whose argmax agrees with the reference's
 
     def as_dict(self) -> Dict[str, Optional[float]]:
-        """The fields as a plain dict (JSON-ready)."""
+        """The fields as a plain dict (JSON-ready).
+
+        Returns
+        -------
+        dict
+            Field name to value, in the order of the attributes.
+        """
         return asdict(self)
 
     def __str__(self) -> str:
@@ -92,31 +129,70 @@ def _sums(values: Mapping[str, float]) -> _Sums:
 
 
 class Evaluator:
-    """Streaming metrics: ``update`` per batch, ``compute`` at the end.
-
-    >>> ev = Evaluator(token_bytes=token_bytes)          # doctest: +SKIP
-    >>> for x, y in loader:                               # doctest: +SKIP
-    ...     ev.update(model(x).logits, y)
-    >>> ev.all_reduce()                                   # doctest: +SKIP
-    >>> print(ev.compute().bits_per_byte)                 # doctest: +SKIP
+    """Streaming metrics: :meth:`update` per batch, :meth:`compute` at the end.
 
     Each update reads its logits once (NLL, entropy, argmax and, with
     ``reference_logits``, KL in the same pass) and adds to float64 sums, so
     updating chunk by chunk gives the numbers of one call on everything.
     ``kl`` and ``same_top`` are over the counted tokens of updates given
-    reference logits (None when there were none).
+    reference logits (None when there were none). The settings of the data,
+    fixed for a loop, are given here; :meth:`update` takes the batch only. No
+    gradient flows: tensors are read detached.
 
-    The settings of the data, fixed for a loop, are given here:
-    ``ignore_index`` (None: negative targets only), ``shift=True`` for
-    unshifted inputs as Hugging Face passes them (``model(x).logits`` with
-    ``labels``: position t is scored against ``labels[..., t + 1]``),
-    ``softcap``. ``update`` takes the batch only. No gradient flows: tensors
-    are read detached.
+    Parameters
+    ----------
+    token_bytes : array_like, torch.Tensor or None, default None
+        ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
+        special tokens (:func:`lmmetrics.token_bytes` builds it from a
+        tokenizer); one entry per column of the logits. Gives ``bytes`` and
+        ``bits_per_byte``.
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+    nll_only : bool, default False
+        Read the logits for the NLL alone (and the bytes with
+        ``token_bytes``, the KL with reference logits): the loss, perplexity
+        and bits per token / byte for less work a batch; ``accuracy`` and
+        ``entropy`` are then nan.
 
-    ``nll_only=True`` reads the logits for the NLL alone (and the bytes
-    with ``token_bytes``, the KL with reference logits): the loss,
-    perplexity and bits per token / byte, for less work a batch; its
-    ``accuracy`` and ``entropy`` are nan.
+    Raises
+    ------
+    ValueError
+        An option out of range.
+    TypeError
+        An option of the wrong type.
+
+    See Also
+    --------
+    evaluate : the same metrics from one call.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> rng = np.random.default_rng(0)
+    >>> ev = lmmetrics.Evaluator(token_bytes=np.full(50, 2))
+    >>> for _ in range(3):                                   # three batches
+    ...     ev.update(rng.standard_normal((4, 8, 50), dtype=np.float32), rng.integers(0, 50, (4, 8)))
+    >>> ev.all_reduce()      # sums across torch.distributed ranks; a no-op without them
+    Evaluator(tokens=96, ignore_index=-100)
+    >>> m = ev.compute()
+    >>> m.tokens, m.bytes
+    (96, 192)
+    >>> round(m.bits_per_byte, 4) == round(m.bits_per_token / 2, 4)
+    True
     """
 
     def __init__(self, *, token_bytes: Any = None, ignore_index: Optional[int] = -100,
@@ -136,14 +212,27 @@ class Evaluator:
         self._state = _Sums()
 
     def reset(self) -> None:
-        """Forget everything seen."""
+        """Forget everything seen (the settings stay).
+        """
         self._state = _Sums()
 
     def check_vocab(self, n_cols: int) -> None:
-        """Check ``token_bytes`` against a vocabulary of ``n_cols`` (the
-        logits' last axis) before any batch: ValueError unless it is a 1-D
-        table of that length of counts from 0 to 2^32 - 1. Nothing to check
-        without token_bytes. ``update`` checks each batch the same way."""
+        """Check ``token_bytes`` against a vocabulary before any batch.
+
+        Nothing to check without ``token_bytes``; :meth:`update` checks each
+        batch the same way.
+
+        Parameters
+        ----------
+        n_cols : int
+            The vocabulary size: the logits' last axis.
+
+        Raises
+        ------
+        ValueError
+            Unless ``token_bytes`` is a 1-D table of ``n_cols`` counts from 0 to
+            2^32 - 1.
+        """
         self._table(n_cols)
 
     def _table(self, n_cols: int) -> Optional[I64Array]:
@@ -154,10 +243,37 @@ class Evaluator:
         return self._token_bytes
 
     def update(self, logits: Any, targets: Any, *, reference_logits: Any = None) -> None:
-        """Add a batch: logits (..., V) (or a model output with ``.logits``),
-        targets (...), optional reference logits of the logits' shape (any
-        logits dtype). All or nothing: an error (or a KeyboardInterrupt)
-        leaves the sums as they were."""
+        """Add a batch.
+
+        All or nothing: an error (or a KeyboardInterrupt) leaves the sums as they
+        were.
+
+        Parameters
+        ----------
+        logits : array_like, torch.Tensor or model output
+            Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+            tensor (CPU, read in place; CUDA, computed on its device) in float32,
+            float64, float16 or bfloat16, or an object with ``.logits`` (a
+            Hugging Face model output).
+        targets : array_like or torch.Tensor
+            Integer token ids shaped like the logits without their last axis
+            (unshifted labels, one per logits position, with ``shift=True``).
+        reference_logits : array_like, torch.Tensor, model output or None, default None
+            The reference model's logits (keyword-only, so that two buffers of the
+            same shape cannot be swapped): the distribution P_ref the expectation
+            is taken over. Same shape as ``logits``; the dtype may differ (a
+            float32 base against bfloat16 or float16 logits), each read in its
+            own dtype. Gives ``kl`` and ``same_top``.
+
+        Raises
+        ------
+        ValueError
+            A counted target >= V, targets whose shape does not match the logits',
+            NaN in the logits of a counted position, a counted row that is all
+            -inf, or an option out of range.
+        TypeError
+            Integer logits or float targets.
+        """
         ref = reference_logits is not None
         full = not self.nll_only
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
@@ -190,7 +306,13 @@ class Evaluator:
             st.same_top += int(np.count_nonzero(counted & (res.indices("argmax") == res.indices("ref_argmax"))))
 
     def compute(self) -> Metrics:
-        """The metrics of everything seen so far."""
+        """The metrics of everything seen so far.
+
+        Returns
+        -------
+        Metrics
+            As :func:`evaluate` would give over every batch at once.
+        """
         st = self._state
         n = st.tokens
         loss = st.nll_sum / n if n else math.nan
@@ -206,9 +328,18 @@ class Evaluator:
             same_top=st.same_top / kn if kn else None)
 
     def bits_per_byte(self) -> float:
-        """The bits per byte of everything seen so far, as
-        ``compute().bits_per_byte`` (inf when no byte was counted);
-        ValueError for an Evaluator without token_bytes."""
+        """The bits per byte of everything seen so far.
+
+        Returns
+        -------
+        float
+            ``compute().bits_per_byte``; inf when no byte was counted.
+
+        Raises
+        ------
+        ValueError
+            For an Evaluator without ``token_bytes``.
+        """
         if self._token_bytes_in is None:
             raise ValueError("bits per byte needs token_bytes (Evaluator(token_bytes=...))")
         return bits_per_unit(self._state.nll_sum_bytes, self._state.bytes)
@@ -226,18 +357,51 @@ class Evaluator:
             raise ValueError("cannot merge Evaluators with different token_bytes tables")
 
     def merge(self, other: Evaluator) -> Evaluator:
-        """Add another Evaluator's sums to this one (e.g. from another worker)."""
+        """Add another Evaluator's sums to this one (e.g. from another worker).
+
+        Parameters
+        ----------
+        other : Evaluator
+            With the same ``token_bytes`` table.
+
+        Returns
+        -------
+        Evaluator
+            ``self``.
+
+        Raises
+        ------
+        ValueError
+            When ``other`` has another ``token_bytes`` table.
+        """
         self._check_compatible(other)
         mine, theirs = asdict(self._state), asdict(other._state)
         self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
         return self
 
     def state_dict(self) -> Dict[str, Union[int, float]]:
-        """The sums as a dict of Python numbers (picklable, JSON-ready)."""
+        """The sums as a dict of Python numbers (picklable, JSON-ready).
+
+        Returns
+        -------
+        dict
+            Counts (int) and float64 sums (float); :meth:`load_state_dict` takes it.
+        """
         return asdict(self._state)
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Replace the sums by those of :meth:`state_dict`."""
+        """Replace the sums by those of :meth:`state_dict`.
+
+        Parameters
+        ----------
+        state : mapping
+            A :meth:`state_dict` (of this Evaluator or another one).
+
+        Raises
+        ------
+        ValueError
+            Negative, fractional or non-numeric counts, or a missing or unknown key.
+        """
         names = set(_COUNTS + _SUMS)
         missing = names - set(state)
         unknown = set(state) - names
@@ -260,10 +424,22 @@ class Evaluator:
         self._state = _sums(new)
 
     def all_reduce(self, group: Any = None) -> Evaluator:
-        """Sum the state across the ranks of ``torch.distributed`` (every
-        rank ends with the global sums). A no-op when torch.distributed is
-        not initialized. The sums travel as one float64 tensor, on the
-        current CUDA device for the nccl backend, on the CPU otherwise."""
+        """Sum the state across the ranks of ``torch.distributed``.
+
+        Every rank ends with the global sums. A no-op when torch.distributed is
+        not initialized. The sums travel as one float64 tensor, on the current
+        CUDA device for the nccl backend, on the CPU otherwise.
+
+        Parameters
+        ----------
+        group : torch.distributed process group, optional
+            The group to reduce over (the default group when None).
+
+        Returns
+        -------
+        Evaluator
+            ``self``.
+        """
         import torch
         import torch.distributed as dist
 
@@ -301,11 +477,75 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
              num_threads: Optional[int] = None) -> Metrics:
     """Every metric of :class:`Metrics` from one read of the logits.
 
-    ``logits`` (..., V) and ``targets`` (...) as for :func:`cross_entropy`
-    (``shift``, ``ignore_index`` likewise); ``token_bytes[v]`` the UTF-8
-    byte length of token v (0 for special tokens) for bits per byte;
-    ``reference_logits`` (same shape, any logits dtype) for the mean
-    KL(P_ref || P_model) and the top-1 agreement.
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    token_bytes : array_like, torch.Tensor or None, default None
+        ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
+        special tokens (:func:`lmmetrics.token_bytes` builds it from a
+        tokenizer); one entry per column of the logits. Gives ``bytes`` and
+        ``bits_per_byte``.
+    reference_logits : array_like, torch.Tensor, model output or None, default None
+        The reference model's logits (keyword-only, so that two buffers of the
+        same shape cannot be swapped): the distribution P_ref the expectation
+        is taken over. Same shape as ``logits``; the dtype may differ (a
+        float32 base against bfloat16 or float16 logits), each read in its
+        own dtype. Gives ``kl`` and ``same_top``.
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    Metrics
+        Counts, loss, perplexity, bits per token (and per byte), accuracy,
+        entropy (and KL, top-1 agreement).
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], np.float32))
+    >>> m = lmmetrics.evaluate(logits, np.array([0, 2]), token_bytes=np.array([1, 1, 3]))
+    >>> print(m)
+    tokens          2
+    ignored         0
+    bytes           4
+    nll_sum         0.916291
+    loss            0.458145
+    perplexity      1.58114
+    bits_per_token  0.660964
+    bits_per_byte   0.330482
+    accuracy        1
+    entropy         0.839376
     """
     ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift, softcap=softcap,
                    num_threads=num_threads)
@@ -318,12 +558,41 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     """Bits per byte of ``model`` over ``steps`` batches: a drop-in for
     nanochat's ``loss_eval.evaluate_bpb``.
 
-    ``model(x)`` returns logits (B, T, V) (or an object with ``.logits``);
-    ``batches`` yields ``(x, y)`` with targets y (B, T), negative targets
-    ignored; ``token_bytes[v]`` is the byte length of token v, 0 for special
-    tokens, which leave both sums. Runs under ``torch.no_grad()``; the sums
-    are all-reduced when torch.distributed is initialized. Returns
-    ``sum NLL / (ln 2 * sum bytes)``, inf when no byte was counted.
+    Runs under ``torch.no_grad()``; the sums are all-reduced when
+    torch.distributed is initialized.
+
+    Parameters
+    ----------
+    model : callable
+        ``model(x)`` returns logits (B, T, V), or an object with ``.logits``.
+    batches : iterable of (x, y)
+        Inputs and their targets (B, T), already aligned (y is x shifted by
+        one); negative targets are ignored.
+    steps : int
+        How many batches to read.
+    token_bytes : array_like or torch.Tensor
+        ``token_bytes[v]`` is the byte length of token ``v``; 0 for special
+        tokens, which leave both sums.
+
+    Returns
+    -------
+    float
+        ``sum NLL / (ln 2 * sum bytes)``; inf when no byte was counted.
+
+    Raises
+    ------
+    ValueError
+        As for :func:`lmmetrics.bits_per_byte`.
+
+    Examples
+    --------
+    >>> import torch, lmmetrics
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = lambda x: torch.zeros(*x.shape, 8)               # uniform over 8 tokens: 3 bits a token
+    >>> batches = iter([(x[:, :-1], x[:, 1:]) for x in torch.randint(0, 8, (2, 4, 17))])
+    >>> lmmetrics.evaluate_bpb(model, batches, 2, torch.full((8,), 2))   # 3 bits / 2 bytes
+    1.5
     """
     import torch
     import torch.distributed as dist

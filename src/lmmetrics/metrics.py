@@ -82,16 +82,66 @@ def token_nll(logits: Any, targets: Any,
 def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
               softcap: Optional[float] = None,
               num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
-    """Negative log-likelihood of each target in nats, shaped like ``targets``
-    (like ``targets[..., 1:]`` with ``shift=True``).
+    """Negative log-likelihood of each target, in nats.
 
-    ``nll = logsumexp(z) - z[y]``, 0.0 where the target is ignored. float32
-    for 16- and 32-bit logits, float64 for float64 logits; a torch tensor
-    (on the logits' device, not requiring grad) when the logits are a tensor.
+    ``nll = logsumexp(z) - z[y]`` per position, from one read of each row.
 
-    >>> import numpy as np
-    >>> token_nll(np.log(np.array([[0.5, 0.25, 0.25]], np.float32)), np.array([0]))
-    array([0.6931472], dtype=float32)
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    numpy.ndarray or torch.Tensor
+        Shaped like ``targets`` (like ``targets[..., 1:]`` with ``shift=True``),
+        0.0 where the target is ignored. float32 for 16- and 32-bit logits,
+        float64 for float64 logits; a tensor on the logits' device (not
+        requiring grad) when the logits are a tensor.
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    See Also
+    --------
+    cross_entropy : the mean (or sum) of these values.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], np.float32))
+    >>> lmmetrics.token_nll(logits, np.array([0, 2]))
+    array([0.6931472 , 0.22314353], dtype=float32)
+    >>> lmmetrics.token_nll(logits, np.array([0, -100]))    # -100 is ignored
+    array([0.6931472, 0.       ], dtype=float32)
     """
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     return _per_position(res.floats("nll"), res)
@@ -114,14 +164,65 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str,
 def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_index: Optional[int] = -100,
                   shift: bool = False, softcap: Optional[float] = None,
                   num_threads: Optional[int] = None) -> Union[float, FloatArray, torch.Tensor]:
-    """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``
-    (with ``shift=True``, as the ``loss`` of a transformers causal LM given
-    ``labels``).
+    """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``.
 
-    ``reduction="mean"`` averages over counted tokens (nan when none is
-    counted), ``"sum"`` adds them, ``"none"`` returns :func:`token_nll`.
-    Sums are taken in float64 over per-row float64 values in row order
-    (compensated), so they do not depend on the thread count.
+    With ``shift=True`` it is the ``loss`` of a transformers causal LM given
+    ``labels``. Sums are taken in float64 over per-row float64 values in row
+    order, so they do not depend on the thread count.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    reduction : {"mean", "sum", "none"}, default "mean"
+        ``"mean"`` averages over counted tokens (nan when none is counted),
+        ``"sum"`` adds them, ``"none"`` returns :func:`token_nll`.
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    float or numpy.ndarray or torch.Tensor
+        A Python float for ``"mean"`` and ``"sum"``; per-position values for
+        ``"none"``.
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], np.float32))
+    >>> round(lmmetrics.cross_entropy(logits, np.array([0, 2])), 6)
+    0.458145
+    >>> round(lmmetrics.cross_entropy(logits, np.array([0, 2]), reduction="sum"), 6)
+    0.916291
     """
     _check_reduction(reduction)
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
@@ -134,14 +235,113 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
 
 def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
                softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
-    """exp(mean NLL) over counted tokens."""
+    """Perplexity: ``exp`` of the mean NLL over counted tokens.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    float
+        ``exp(cross_entropy(...))``; nan when no token is counted, inf when
+        the mean NLL passes ~709.78 nats.
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.zeros((4, 10), np.float32)       # uniform over 10 tokens
+    >>> round(lmmetrics.perplexity(logits, np.array([1, 2, 3, 4])), 6)
+    10.0
+    """
     return exp(cross_entropy(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                              num_threads=num_threads))
 
 
 def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
                    softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
-    """Mean NLL in bits: cross-entropy / ln 2."""
+    """Mean NLL in bits: cross-entropy / ln 2.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    float
+        Bits per counted token; nan when no token is counted.
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.zeros((4, 16), np.float32)       # uniform over 16 tokens
+    >>> round(lmmetrics.bits_per_token(logits, np.array([1, 2, 3, 4])), 6)
+    4.0
+    """
     return cross_entropy(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                          num_threads=num_threads) / LN2
 
@@ -164,15 +364,63 @@ def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -1
     each of them is the argmax: lm-evaluation-harness's ``loglikelihood``
     (multiple-choice tasks: HellaSwag, ARC, MMLU, ...).
 
-    Sequences run along the second-to-last axis: logits (B, T, V) with
-    targets (B, T) give ``(logprob, is_greedy)`` of shape (B,); (T, V) gives
-    scalars. Mark the context (and padding) with ``ignore_index`` so that
-    only the continuation counts. ``logprob = sum log p(target)`` over the
-    counted positions (float64), ``is_greedy`` is True when every counted
-    target is the argmax of its row (the lowest index on ties). A sequence
-    with no counted target gets ``logprob`` 0.0 and ``is_greedy`` True.
-    numpy (float64, bool) for numpy input, torch tensors on the logits'
-    device for tensor input. One read of the logits.
+    Sequences run along the second-to-last axis. Mark the context (and
+    padding) with ``ignore_index`` so that only the continuation counts. One
+    read of the logits.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., T, V) (at least a time axis), in any float dtype
+        lmmetrics reads, or an object with ``.logits``.
+    targets : array_like or torch.Tensor
+        Integer token ids shaped (..., T) (unshifted labels with
+        ``shift=True``); the counted ones are the continuation.
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    logprob : numpy.ndarray, numpy.float64 or torch.Tensor
+        ``sum log p(target)`` over the counted positions of each sequence,
+        float64, shaped like the leading axes (..., ): (B,) for (B, T, V)
+        logits, a scalar for (T, V). 0.0 for a sequence with no counted
+        target.
+    is_greedy : numpy.ndarray, numpy.bool_ or torch.Tensor
+        True where every counted target is the argmax of its row (the lowest
+        index wins ties, as ``argmax``); True for a sequence with no counted
+        target.
+
+        numpy for numpy input; tensors on the logits' device for tensor input.
+
+    Raises
+    ------
+    ValueError
+        Logits without a time axis, or as for :func:`token_nll`.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.log(np.array([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]], np.float32))   # (1, 2, 3)
+    >>> logprob, is_greedy = lmmetrics.loglikelihood(logits, np.array([[-100, 2]]))       # context, continuation
+    >>> print(np.round(logprob, 6), is_greedy)
+    [-0.223144] [ True]
     """
     res = _engine.run(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                       num_threads=num_threads, nll=True, argmax=True)
@@ -202,11 +450,65 @@ def _per_unit(res: _engine.RowResults, table: I64Array, skip_zero: bool) -> floa
 def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: Optional[int] = -100,
                   shift: bool = False, softcap: Optional[float] = None,
                   num_threads: Optional[int] = None) -> float:
-    """Bits per byte with nanochat's semantics.
+    """Bits per byte, with nanochat's semantics.
 
-    ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for special
-    tokens. Ignored positions and positions whose target has 0 bytes leave
-    both sums: ``sum NLL / (ln 2 * sum bytes)``; ``inf`` when no byte counted.
+    ``sum NLL / (ln 2 * sum bytes)`` over counted positions, where
+    ``bytes = token_bytes[target]``; positions whose target has 0 bytes
+    (special tokens) leave both sums.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    token_bytes : array_like or torch.Tensor
+        ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
+        special tokens; one entry per column of the logits (V).
+        :func:`lmmetrics.token_bytes` builds it from a tokenizer.
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    float
+        Bits per byte; ``inf`` when no byte was counted.
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range, or a ``token_bytes`` that is not a 1-D table of V
+        non-negative counts.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.zeros((3, 4), np.float32)           # uniform: 2 bits per token
+    >>> token_bytes = np.array([1, 2, 4, 0])            # token 3 is special
+    >>> round(lmmetrics.bits_per_byte(logits, np.array([1, 2, 3]), token_bytes), 6)   # 4 bits / 6 bytes
+    0.666667
     """
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     return _per_unit(res, as_table(token_bytes, res.n_cols, "token_bytes"), skip_zero=True)
@@ -219,9 +521,59 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
 
     Without ``token_chars`` the model is character-level and this equals
     :func:`bits_per_token`. With ``token_chars[v]``, the number of characters
-    of token ``v``, it is ``sum NLL / (ln 2 * sum chars)`` over counted tokens
-    (= N/T * ln(PPL) / ln 2 for N tokens spelling T characters); ``inf`` when
-    no character was counted.
+    of token ``v``, it is ``sum NLL / (ln 2 * sum chars)`` over counted
+    tokens (``N / T * ln(PPL) / ln 2`` for N tokens spelling T characters).
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    targets : array_like or torch.Tensor
+        Integer token ids shaped like the logits without their last axis
+        (unshifted labels, one per logits position, with ``shift=True``).
+    token_chars : array_like, torch.Tensor or None, default None
+        Characters per token, one entry per column of the logits (V).
+    ignore_index : int or None, default -100
+        Targets equal to it are not counted, nor is any negative target
+        (torch's -100, nanochat's -1); ``None`` ignores negative targets
+        only. Ignored positions are not read.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy). Say it
+        explicitly when the logits come as a model output.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    float
+        Bits per character; ``inf`` when no character was counted (with
+        ``token_chars``), nan when no token was counted (without).
+
+    Raises
+    ------
+    ValueError
+        A counted target >= V, targets whose shape does not match the logits',
+        NaN in the logits of a counted position, a counted row that is all
+        -inf, or an option out of range.
+    TypeError
+        Integer logits or float targets.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.zeros((2, 4), np.float32)           # uniform: 2 bits per token
+    >>> round(lmmetrics.bits_per_character(logits, np.array([0, 1]), token_chars=np.array([2, 2, 1, 1])), 6)
+    1.0
     """
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     if token_chars is None:
@@ -239,9 +591,47 @@ def token_entropy(logits: Any, **options: Unpack[RowOptions]) -> Union[FloatArra
 
 def token_entropy(logits: Any, *, softcap: Optional[float] = None,
                   num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
-    """Predictive entropy ``-sum p log p`` of each row in nats, shaped like
-    the logits without their vocabulary axis (``p = softmax(logits)``;
-    entries of probability 0, from -inf logits, add nothing)."""
+    """Predictive entropy ``-sum p log p`` of each row, in nats.
+
+    ``p = softmax(logits)``; entries of probability 0 (from -inf logits) add
+    nothing.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    numpy.ndarray or torch.Tensor
+        Shaped like the logits without their vocabulary axis; float32 (float64
+        for float64 logits), a tensor on the logits' device for a tensor.
+
+    Raises
+    ------
+    ValueError
+        NaN in the logits, a row that is all -inf, different shapes, or an
+        option out of range.
+    TypeError
+        Integer logits.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> logits = np.array([[0.0, 0.0, -np.inf, -np.inf], [0.0, 0.0, 0.0, 0.0]], np.float32)
+    >>> lmmetrics.token_entropy(logits)     # ln 2, ln 4
+    array([0.6931472, 1.3862944], dtype=float32)
+    """
     res = _engine.run(logits, softcap=softcap, num_threads=num_threads, entropy=True)
     return _per_position(res.floats("entropy"), res)
 
@@ -258,15 +648,53 @@ def token_kl(logits: Any, *, reference_logits: Any,
 
 def token_kl(logits: Any, *, reference_logits: Any, softcap: Optional[float] = None,
              num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
-    """``KL(softmax(reference_logits) || softmax(logits))`` of each row in
-    nats, shaped like the logits without their vocabulary axis.
+    """``KL(softmax(reference_logits) || softmax(logits))`` of each row, in nats.
 
-    The reference (keyword-only, so that two same-shaped buffers cannot be
-    swapped silently) is the distribution the expectation is taken over: the
-    base model when judging a quantized one. Both have the same shape; their
-    dtypes may differ (a float32 base against bfloat16 or float16 logits),
-    each read in its own dtype. ``inf`` where the reference gives mass to an
-    entry the model rules out.
+    The reference is the distribution the expectation is taken over: the base
+    model when judging a quantized one.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    reference_logits : array_like, torch.Tensor or model output
+        The reference model's logits (keyword-only, so that two buffers of the
+        same shape cannot be swapped): the distribution P_ref the expectation
+        is taken over. Same shape as ``logits``; the dtype may differ (a
+        float32 base against bfloat16 or float16 logits), each read in its
+        own dtype.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    numpy.ndarray or torch.Tensor
+        Shaped like the logits without their vocabulary axis; ``inf`` where the
+        reference gives mass to an entry the model rules out (-inf).
+
+    Raises
+    ------
+    ValueError
+        NaN in the logits, a row that is all -inf, different shapes, or an
+        option out of range.
+    TypeError
+        Integer logits.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> ref = np.log(np.array([[0.5, 0.5]], np.float32))
+    >>> model = np.log(np.array([[0.25, 0.75]], np.float32))
+    >>> np.round(lmmetrics.token_kl(model, reference_logits=ref), 6)    # 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75)
+    array([0.143841], dtype=float32)
     """
     res = _engine.run(logits, reference=reference_logits, softcap=softcap, num_threads=num_threads,
                       kl=True)
@@ -290,8 +718,53 @@ def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str,
 def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str = "mean",
                   softcap: Optional[float] = None,
                   num_threads: Optional[int] = None) -> Union[float, FloatArray, torch.Tensor]:
-    """KL(P_ref || P_model) over rows: ``"mean"`` (nats per row), ``"sum"``
-    or ``"none"`` (as :func:`token_kl`). Sums are taken in float64."""
+    """KL(P_ref || P_model) over rows, in nats.
+
+    Parameters
+    ----------
+    logits : array_like, torch.Tensor or model output
+        Logits shaped (..., V), the vocabulary last: a numpy array or a torch
+        tensor (CPU, read in place; CUDA, computed on its device) in float32,
+        float64, float16 or bfloat16, or an object with ``.logits`` (a
+        Hugging Face model output).
+    reference_logits : array_like, torch.Tensor or model output
+        The reference model's logits (keyword-only, so that two buffers of the
+        same shape cannot be swapped): the distribution P_ref the expectation
+        is taken over. Same shape as ``logits``; the dtype may differ (a
+        float32 base against bfloat16 or float16 logits), each read in its
+        own dtype.
+    reduction : {"mean", "sum", "none"}, default "mean"
+        ``"mean"`` per row, ``"sum"`` over rows (float64), ``"none"`` the
+        per-row values of :func:`token_kl`.
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+
+    Returns
+    -------
+    float or numpy.ndarray or torch.Tensor
+        A Python float for ``"mean"`` and ``"sum"``.
+
+    Raises
+    ------
+    ValueError
+        NaN in the logits, a row that is all -inf, different shapes, or an
+        option out of range.
+    TypeError
+        Integer logits.
+
+    Examples
+    --------
+    >>> import numpy as np, lmmetrics
+    >>> ref = np.log(np.array([[0.5, 0.5], [0.5, 0.5]], np.float32))
+    >>> model = np.log(np.array([[0.25, 0.75], [0.5, 0.5]], np.float32))
+    >>> round(lmmetrics.kl_divergence(model, reference_logits=ref), 6)
+    0.071921
+    """
     _check_reduction(reduction)
     res = _engine.run(logits, reference=reference_logits, softcap=softcap, num_threads=num_threads,
                       kl=True)

@@ -50,14 +50,67 @@ def _xlogy(x: F64Array, y: F64Array) -> F64Array:
 
 
 def entropy(p: npt.ArrayLike, base: float = 2, *, atol: float = 1e-6) -> Union[float, F64Array]:
-    """H(P) = -sum p log p."""
+    """Entropy ``H(P) = -sum p log p`` (0 log 0 = 0).
+
+    Parameters
+    ----------
+    p : array_like
+        Probabilities along the last axis (rows summing to 1 within ``atol``).
+    base : float, default 2
+        The logarithm's base (2: bits; ``math.e``: nats).
+    atol : float, default 1e-6
+        How far a row's sum may be from 1.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        One value per row.
+
+    Raises
+    ------
+    ValueError
+        An empty last axis, NaN, negative entries, or a row not summing to 1.
+
+    Examples
+    --------
+    >>> from lmmetrics import probs
+    >>> round(probs.entropy([0.4, 0.4, 0.1, 0.1]), 4)
+    1.7219
+    """
     a = _dist(p, "p", atol)
     return _out(-_xlogy(a, a).sum(axis=-1) / _log(base))
 
 
 def cross_entropy(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
                   atol: float = 1e-6) -> Union[float, F64Array]:
-    """CE(P, Q) = -sum p log q (inf where q = 0 < p)."""
+    """Cross-entropy ``CE(P, Q) = -sum p log q`` (inf where q = 0 < p).
+
+    Parameters
+    ----------
+    p : array_like
+        Probabilities along the last axis (rows summing to 1 within ``atol``).
+    q : array_like
+        Probabilities, the shape of ``p``.
+    base : float, default 2
+        The logarithm's base (2: bits; ``math.e``: nats).
+    atol : float, default 1e-6
+        How far a row's sum may be from 1.
+
+    Returns
+    -------
+    float or numpy.ndarray
+
+    Raises
+    ------
+    ValueError
+        An empty last axis, NaN, negative entries, or a row not summing to 1.
+
+    Examples
+    --------
+    >>> from lmmetrics import probs
+    >>> round(probs.cross_entropy([0.5, 0.5], [0.25, 0.75]), 4)
+    1.2075
+    """
     a, b = _dist(p, "p", atol), _dist(q, "q", atol)
     if a.shape != b.shape:
         raise ValueError(f"p and q must have the same shape, got {a.shape} and {b.shape}")
@@ -66,7 +119,34 @@ def cross_entropy(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
 
 def kl_divergence(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
                   atol: float = 1e-6) -> Union[float, F64Array]:
-    """D_KL(P || Q) = sum p log(p / q) = CE(P, Q) - H(P) (inf where q = 0 < p)."""
+    """``D_KL(P || Q) = sum p log(p / q) = CE(P, Q) - H(P)`` (inf where q = 0 < p).
+
+    Parameters
+    ----------
+    p : array_like
+        Probabilities along the last axis (rows summing to 1 within ``atol``).
+    q : array_like
+        Probabilities, the shape of ``p``.
+    base : float, default 2
+        The logarithm's base (2: bits; ``math.e``: nats).
+    atol : float, default 1e-6
+        How far a row's sum may be from 1.
+
+    Returns
+    -------
+    float or numpy.ndarray
+
+    Raises
+    ------
+    ValueError
+        An empty last axis, NaN, negative entries, or a row not summing to 1.
+
+    Examples
+    --------
+    >>> from lmmetrics import probs
+    >>> round(probs.kl_divergence([0.4, 0.5, 0.05, 0.05], [0.4, 0.4, 0.1, 0.1]), 5)
+    0.06096
+    """
     a, b = _dist(p, "p", atol), _dist(q, "q", atol)
     if a.shape != b.shape:
         raise ValueError(f"p and q must have the same shape, got {a.shape} and {b.shape}")
@@ -74,5 +154,30 @@ def kl_divergence(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
 
 
 def perplexity(p: npt.ArrayLike, base: float = 2, *, atol: float = 1e-6) -> Union[float, F64Array]:
-    """base ** H(P): the effective number of equally likely outcomes."""
+    """``base ** H(P)``: the effective number of equally likely outcomes.
+
+    Parameters
+    ----------
+    p : array_like
+        Probabilities along the last axis (rows summing to 1 within ``atol``).
+    base : float, default 2
+        The logarithm's base (2: bits; ``math.e``: nats).
+    atol : float, default 1e-6
+        How far a row's sum may be from 1.
+
+    Returns
+    -------
+    float or numpy.ndarray
+
+    Raises
+    ------
+    ValueError
+        An empty last axis, NaN, negative entries, or a row not summing to 1.
+
+    Examples
+    --------
+    >>> from lmmetrics import probs
+    >>> round(probs.perplexity([0.25, 0.25, 0.25, 0.25]), 6)
+    4.0
+    """
     return _out(np.power(float(base), np.asarray(entropy(p, base, atol=atol))))

@@ -119,15 +119,12 @@ def _from_tiktoken(enc: Any) -> I64Array:
 
 
 def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
-    """``out[v]`` = the number of UTF-8 bytes token ``v`` stands for; 0 for
-    special and control tokens (BOS, EOS, pad, unknown), nanochat's
-    convention. An int64 numpy array of length V: ``len(tokenizer)`` (the
-    vocabulary with added tokens), or ``size`` when given (the model's logits
-    width, often padded past the tokenizer; the extra ids get 0).
+    """The number of UTF-8 bytes each token of a tokenizer's vocabulary stands for.
 
-    Supported, each by the bytes the tokenizer itself maps a token to, not by
-    decoding tokens one at a time (a byte-level token holding part of a UTF-8
-    character decodes alone to U+FFFD, 3 bytes):
+    0 for special and control tokens (BOS, EOS, pad, unknown), nanochat's
+    convention. The bytes are those the tokenizer itself maps a token to, not
+    those of decoding tokens one at a time (a byte-level token holding part
+    of a UTF-8 character decodes alone to U+FFFD, 3 bytes). Supported:
 
     * transformers tokenizers backed by ``tokenizers`` (``PreTrainedTokenizerFast``,
       ``TokenizersBackend``) and raw ``tokenizers.Tokenizer``: byte-level BPE
@@ -146,6 +143,36 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     Metaspace's ``prepend_scheme="first"``) adds a ``▁`` the text did not
     have (one byte more per encoded text), and a normalizer that rewrites the
     text (NFKC, collapsing spaces) changes its byte count.
+
+    Parameters
+    ----------
+    tokenizer : object
+        One of the tokenizers above.
+    size : int or None, default None
+        The length of the table: the model's logits width, often padded past
+        the tokenizer (the extra ids get 0). ``len(tokenizer)`` (the
+        vocabulary with added tokens) when None.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, one entry per token id.
+
+    Raises
+    ------
+    TypeError
+        A tokenizer of a kind not listed above.
+    ValueError
+        A ``size`` that is not an integer >= the vocabulary's.
+
+    Examples
+    --------
+    >>> import lmmetrics
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers
+    >>> tok = Tokenizer(models.BPE({"a": 0, "Ã": 1, "©": 2, "Ã©": 3}, [("Ã", "©")]))
+    >>> tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    >>> lmmetrics.token_bytes(tok, size=5)          # "Ã©" stands for the two bytes of "é"; id 4 pads
+    array([1, 1, 1, 2, 0])
     """
     special: Set[int] = set()
     size_hint = 0

@@ -41,6 +41,8 @@ class _EvaluatorMetric(Metric):
 
     def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: bool = False,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
+        """Set up the metric; the parameters are described in the class's docstring.
+        """
         super().__init__(**kwargs)
         self.ignore_index = ignore_index
         self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift,
@@ -59,7 +61,18 @@ class _EvaluatorMetric(Metric):
         return this
 
     def update(self, preds: Any, target: Any, *, reference_logits: Any = None) -> None:
-        """Add a batch (one read of its logits)."""
+        """Add a batch.
+
+        Parameters
+        ----------
+        preds : torch.Tensor or model output
+            Logits (..., V), or an object with ``.logits``.
+        target : torch.Tensor
+            Integer targets (...) (unshifted labels with ``shift=True``).
+        reference_logits : torch.Tensor, optional
+            A reference model's logits of the same shape (keyword-only), for
+            ``kl`` and ``same_top``.
+        """
         ev = self._evaluator
         ev.reset()
         ev.update(preds, target, reference_logits=reference_logits)
@@ -81,48 +94,172 @@ class _EvaluatorMetric(Metric):
 
 
 class LanguageModelMetrics(_EvaluatorMetric):
-    """Every metric of :func:`lmmetrics.evaluate`, streamed: ``compute()``
-    returns a dict of float64 tensors (``loss``, ``perplexity``,
+    """Every metric of :func:`lmmetrics.evaluate`, streamed, as a torchmetrics ``Metric``.
+
+    ``compute()`` returns a dict of float64 tensors (``loss``, ``perplexity``,
     ``bits_per_token``, ``accuracy``, ``entropy``, the counts, and
     ``bits_per_byte`` with ``token_bytes``, ``kl`` and ``same_top`` after
-    updates given ``reference_logits``), ready for ``self.log_dict``.
+    updates given ``reference_logits``). The states are float64 sums with
+    ``dist_reduce_fx="sum"`` (torchmetrics syncs them across ranks) and stay
+    float64 under ``.to(dtype)``. No gradient flows.
 
-    ``update(preds, target, *, reference_logits=None)``: logits (..., V) or
-    a model output with ``.logits``, targets (...), the reference keyword-only.
+    Parameters
+    ----------
+    ignore_index : int or None, default None
+        As for ``torchmetrics.text.Perplexity``: targets equal to it are not
+        counted; negative targets are never counted.
+    token_bytes : array_like or torch.Tensor, optional
+        ``token_bytes[v]``, the UTF-8 byte length of token ``v`` (0 for
+        special tokens), for ``bytes`` and ``bits_per_byte``.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy).
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+    **kwargs
+        Passed to ``torchmetrics.Metric`` (``sync_on_compute``,
+        ``dist_sync_on_step``, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lmmetrics.torchmetrics import LanguageModelMetrics
+    >>> metric = LanguageModelMetrics(token_bytes=torch.full((10,), 2))
+    >>> metric.update(torch.zeros(2, 5, 10), torch.randint(0, 10, (2, 5)))   # uniform over 10 tokens
+    >>> out = metric.compute()
+    >>> int(out["tokens"]), round(float(out["perplexity"]), 4)
+    (10, 10.0)
     """
 
     def compute(self) -> Dict[str, torch.Tensor]:
+        """Every metric over the batches seen (synced across ranks).
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            float64 scalars, one per field of :class:`lmmetrics.Metrics` that has
+            a value.
+        """
         return {k: self._value(v) for k, v in self._metrics().as_dict().items() if v is not None}
 
 
 class Perplexity(_EvaluatorMetric):
-    """exp(mean NLL) over the counted targets, as ``torchmetrics.text.Perplexity``
-    (preds (..., V) logits, target (...)), from one read of the logits and
-    float64 sums; a float64 tensor, nan before any counted target."""
+    """Perplexity, as ``torchmetrics.text.Perplexity``, from one read of the
+    logits and float64 sums.
+
+    ``exp(mean NLL)`` over the counted targets; preds are (..., V) logits,
+    target (...).
+
+    Parameters
+    ----------
+    ignore_index : int or None, default None
+        As for ``torchmetrics.text.Perplexity``: targets equal to it are not
+        counted; negative targets are never counted.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy).
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+    **kwargs
+        Passed to ``torchmetrics.Metric`` (``sync_on_compute``,
+        ``dist_sync_on_step``, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lmmetrics.torchmetrics import Perplexity
+    >>> ppl = Perplexity(shift=True)                     # Hugging Face labels
+    >>> ppl.update(torch.zeros(2, 6, 10), torch.randint(0, 10, (2, 6)))
+    >>> round(float(ppl.compute()), 4)                   # uniform over 10 tokens
+    10.0
+    """
 
     higher_is_better = False
     _nll_only = True
 
     def __init__(self, ignore_index: Optional[int] = None, *, shift: bool = False,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
+        """Set up the metric; the parameters are described in the class's docstring.
+        """
         super().__init__(ignore_index, shift=shift, softcap=softcap, num_threads=num_threads, **kwargs)
 
     def compute(self) -> torch.Tensor:
+        """The perplexity over the batches seen (synced across ranks).
+
+        Returns
+        -------
+        torch.Tensor
+            A float64 scalar; nan before any counted target.
+        """
         return self._value(self._metrics().perplexity)
 
 
 class BitsPerByte(_EvaluatorMetric):
-    """Bits per byte with nanochat's semantics (:func:`lmmetrics.bits_per_byte`):
-    ``token_bytes[v]`` is the UTF-8 length of token v, 0 for special tokens,
-    which leave both sums; a float64 tensor, inf before any counted byte."""
+    """Bits per byte with nanochat's semantics (:func:`lmmetrics.bits_per_byte`),
+    as a torchmetrics ``Metric``.
+
+    Tokens whose ``token_bytes`` entry is 0 (special tokens) leave both sums.
+
+    Parameters
+    ----------
+    token_bytes : array_like or torch.Tensor
+        ``token_bytes[v]``, the UTF-8 byte length of token ``v``.
+    ignore_index : int or None, default None
+        As for ``torchmetrics.text.Perplexity``: targets equal to it are not
+        counted; negative targets are never counted.
+    shift : bool, default False
+        ``True`` for unshifted labels as Hugging Face passes them: position t
+        of the logits is scored against ``targets[..., t + 1]`` and each
+        sequence's last position is dropped (a view, no copy).
+    softcap : float or None, default None
+        Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
+        (Gemma, nanochat), to both buffers where there are two; a number in
+        [1e-30, 1e30].
+    num_threads : int or None, default None
+        CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
+        (``OMP_NUM_THREADS``). The result does not depend on it.
+    **kwargs
+        Passed to ``torchmetrics.Metric`` (``sync_on_compute``,
+        ``dist_sync_on_step``, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lmmetrics.torchmetrics import BitsPerByte
+    >>> bpb = BitsPerByte(torch.full((16,), 2))
+    >>> bpb.update(torch.zeros(3, 16), torch.tensor([1, 2, 3]))   # 4 bits a token, 2 bytes a token
+    >>> round(float(bpb.compute()), 4)
+    2.0
+    """
 
     higher_is_better = False
     _nll_only = True
 
     def __init__(self, token_bytes: Any, ignore_index: Optional[int] = None, *, shift: bool = False,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
+        """Set up the metric; the parameters are described in the class's docstring.
+        """
         super().__init__(ignore_index, token_bytes=token_bytes, shift=shift, softcap=softcap,
                          num_threads=num_threads, **kwargs)
 
     def compute(self) -> torch.Tensor:
+        """The bits per byte over the batches seen (synced across ranks).
+
+        Returns
+        -------
+        torch.Tensor
+            A float64 scalar; inf before any counted byte.
+        """
         return self._value(self._synced().bits_per_byte())

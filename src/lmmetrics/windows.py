@@ -84,67 +84,93 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
                        convention: str = "lm-eval", prefix_token: Optional[int] = None,
                        batch_size: int = 1, num_threads: Optional[int] = None,
                        materialize: bool = True) -> torch.Tensor:
-    """Per-token NLL (nats) of a long ``input_ids`` scored by windows of at
-    most ``max_length`` tokens.
+    """Per-token NLL (nats) of a long text scored by windows of at most
+    ``max_length`` tokens.
 
-    Returns a float tensor of length T = len(input_ids) on the logits'
-    device: entry ``i`` is the NLL of ``input_ids[i]``, NaN where the
-    convention does not score that token. So ``nll.nansum()`` is the summed
-    NLL, ``(~nll.isnan()).sum()`` the number of scored tokens,
-    ``nll.nanmean()`` the cross-entropy and ``exp`` of it the perplexity.
+    Entry ``i`` of the result is the NLL of ``input_ids[i]``, NaN where the
+    convention does not score that token: ``nll.nansum()`` is the summed NLL,
+    ``(~nll.isnan()).sum()`` the number of scored tokens, ``nll.nanmean()``
+    the cross-entropy and its ``exp`` the perplexity. The model is called
+    under ``torch.no_grad()``, ``batch_size`` windows at a time; only the last
+    window can be shorter, and in a batch it is padded on the right, which a
+    causal model's logits at the real positions do not see. The result does
+    not depend on ``batch_size`` (beyond the model's own floating-point
+    differences between batch shapes).
 
-    ``prefix_token`` (lm-eval's EOT or BOS id) is put before ``input_ids``
-    so that their first token can be scored too; without it ``input_ids[0]``
-    is context only (NaN). The conventions, with S = the (prefixed) sequence:
+    Parameters
+    ----------
+    model : callable
+        ``model(windows)`` takes a (B, L) tensor of token ids on
+        ``input_ids``' device and returns logits (B, L, V), or an object with
+        ``.logits`` (a transformers model).
+    input_ids : torch.Tensor or array_like
+        The text's token ids, 1-D or (1, T).
+    max_length : int
+        The longest window (the model's context).
+    stride : int or None, default None
+        Tokens between window starts; ``max_length`` when None.
+    convention : {"lm-eval", "hf-guide", "max-context"}, default "lm-eval"
+        With S the (prefixed) sequence and L = ``max_length``:
 
-    ``"lm-eval"`` (default): lm-evaluation-harness's ``loglikelihood_rolling``
-        token for token (``get_rolling_token_windows`` + ``make_disjoint_window``
+        ``"lm-eval"``: lm-evaluation-harness's ``loglikelihood_rolling`` token
+        for token (``get_rolling_token_windows`` + ``make_disjoint_window``
         with ``prefix_token=S[0]`` and ``context_len=1``): the first window
         reads S[0:L] and scores S[1:L+1]; each later window scores the next
-        ``stride`` tokens (``stride`` defaults to ``max_length``, lm-eval's
-        disjoint windows; a smaller one is lm-eval's ``context_len = L -
-        stride + 1``) from a full window of L tokens ending just before its
-        last target, so the last, partial window still gets L tokens of
-        context. Every token of S after the first is scored once. With
-        ``prefix_token`` and text tokenized without BOS this is what lm-eval
-        computes for a document (its log-likelihood is ``-nll.sum()``); text
-        that already starts with BOS gives the same numbers without
-        ``prefix_token`` (BOS is then the prefix).
-    ``"hf-guide"``: the transformers guide's loop token for token: windows
-        S[begin:end], begin = 0, stride, ..., end = min(begin + L, len(S)),
-        until one reaches the end; labels before the previous window's end are
-        -100, and the model's internal label shift drops the window's first
-        label. So token 0 is never scored, with ``stride == max_length`` the
-        first token of every later window is never scored (NaN here), and with
-        ``stride < max_length`` the token at the previous window's end is
-        scored from this window with L - stride tokens of context. The
-        guide's own count is off by one: it subtracts one label per window
-        for the shift (``num_loss_tokens = num_valid_tokens - batch_size``),
-        but when stride < max_length the shifted-out label of every later
-        window was already -100, so each such window scores ``trg_len``
-        tokens while its mean loss is weighted by ``trg_len - 1``; its
-        ``exp(nll_sum / n_tokens)`` therefore differs slightly from
-        ``exp(nll.nanmean())`` (the mean over the tokens actually scored).
-    ``"max-context"``: windows S[b:b+L], b = 0, stride, ...; a window's logits
-        predict the tokens after each of its positions, the last one the token
-        after the window, and each token is scored by the first window that
-        reaches it (the longest context that schedule offers). Every token
-        after S[0] is scored once; ``stride == max_length`` is disjoint chunks
-        whose first token is predicted by the previous chunk's last logits.
+        ``stride`` tokens (a ``stride`` below L is lm-eval's ``context_len =
+        L - stride + 1``) from a full window of L tokens ending just before
+        its last target, so the last, partial window still gets L tokens of
+        context. Every token of S after the first is scored once.
 
-    ``model(windows)`` takes a (B, L) tensor of token ids on ``input_ids``'
-    device and returns logits (B, L, V), or an object with ``.logits`` (a
-    transformers model). Windows run ``batch_size`` at a time; only the last
-    window can be shorter than the others, and in a batch it is padded on
-    the right, which a causal model's logits at the real positions do not
-    see. The result does not depend on ``batch_size`` (beyond the model's
-    own floating-point differences between batch shapes). ``input_ids`` is
-    1-D or (1, T); the model is called under ``torch.no_grad()``.
+        ``"hf-guide"``: the transformers guide "Perplexity of fixed-length
+        models", token for token: windows S[begin:end], begin = 0, stride,
+        ..., end = min(begin + L, len(S)); labels before the previous
+        window's end are -100, and the model's internal label shift drops
+        each window's first label. Token 0 is never scored; with ``stride ==
+        max_length`` neither is the first token of every later window (NaN
+        here); with a smaller stride the token at the previous window's end is
+        scored from L - stride tokens of context. The guide's own count
+        subtracts one label per window for the shift, which with ``stride <
+        max_length`` weighs its later windows slightly differently from
+        ``exp(nll.nanmean())``.
 
-    ``materialize=False`` never holds a batch's (B, L, V) logits: the model
-    (a Hugging Face causal LM) runs its body, and its head is applied a
-    bounded chunk of rows at a time (:func:`lmmetrics.model_logits`, checked
-    against the model's own forward on the first batch).
+        ``"max-context"``: windows S[b:b+L], b = 0, stride, ...; a window's
+        last logits predict the token after it, and each token is scored by
+        the first window that reaches it. Every token after S[0] is scored
+        once.
+    prefix_token : int or None, default None
+        A token put before ``input_ids`` so that their first token is scored
+        too (lm-eval uses the tokenizer's BOS, else EOS); without it
+        ``input_ids[0]`` is context only (NaN).
+    batch_size : int, default 1
+        Windows per model call.
+    num_threads : int or None, default None
+        CPU threads for the metric (not the model).
+    materialize : bool, default True
+        False never holds a batch's (B, L, V) logits: ``model`` (a Hugging
+        Face causal LM) runs its body, and its head is applied a bounded
+        chunk of rows at a time (:func:`lmmetrics.model_logits`, checked
+        against the model's own forward on the first batch).
+
+    Returns
+    -------
+    torch.Tensor
+        Float, length T = ``len(input_ids)``, on the logits' device.
+
+    Raises
+    ------
+    ValueError
+        An unknown convention, ``max_length`` or ``stride`` out of range, ids
+        that are not 1-D or (1, T), or logits of the wrong shape.
+    TypeError
+        The model returned no logits tensor (a tuple, an array, a dict).
+
+    Examples
+    --------
+    >>> import torch, lmmetrics
+    >>> model = lambda ids: torch.zeros(*ids.shape, 16)          # uniform over 16 tokens
+    >>> nll = lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, prefix_token=0)
+    >>> int((~nll.isnan()).sum()), round(float(nll.nanmean().exp()), 4)   # every token scored once
+    (10, 16.0)
     """
     import torch
 

@@ -1,0 +1,64 @@
+"""The examples in the public modules' docstrings run and print what they
+show (doctest). Those that use torch, tokenizers or torchmetrics are skipped
+when it is absent; help() on the torchmetrics classes shows their own
+docs."""
+import doctest
+import importlib
+import re
+
+import pytest
+
+MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "torchmetrics"]
+OPTIONAL = ("torch", "tokenizers", "torchmetrics")
+FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
+
+
+def _tests():
+    out = []
+    finder = doctest.DocTestFinder()
+    for name in MODULES:
+        try:
+            module = importlib.import_module("lmmetrics." + name)
+        except ModuleNotFoundError as e:  # lmmetrics.torchmetrics without torchmetrics
+            out.append(pytest.param(None, marks=pytest.mark.skip(reason=f"lmmetrics.{name} needs {e.name}"),
+                                    id=f"lmmetrics.{name}"))
+            continue
+        for test in finder.find(module):
+            if test.examples:
+                out.append(pytest.param(test, id=test.name))
+    return out
+
+
+TESTS = _tests()
+
+
+def test_every_public_function_has_an_example():
+    names = {p.id.rsplit(".", 1)[-1] for p in TESTS}
+    for want in ["token_nll", "cross_entropy", "perplexity", "bits_per_token", "bits_per_byte",
+                 "bits_per_character", "token_entropy", "token_kl", "kl_divergence", "loglikelihood",
+                 "evaluate", "Evaluator", "evaluate_bpb", "compare", "sliding_window_nll", "token_bytes"]:
+        assert want in names, want
+
+
+@pytest.mark.parametrize("test", TESTS)
+def test_docstring_examples(test):
+    source = "\n".join(e.source for e in test.examples)
+    for mod in OPTIONAL:
+        if re.search(rf"\b(import|from) {mod}\b", source):
+            pytest.importorskip(mod)
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    test.globs = dict(test.globs)
+    runner.run(test, out=lambda s: print(s, end=""))
+    assert runner.failures == 0, f"{test.name}: {runner.failures} example(s) failed (output above)"
+
+
+def test_help_of_torchmetrics_classes_shows_their_docs():
+    pytest.importorskip("torchmetrics")
+    import pydoc
+
+    from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity
+
+    for cls in (Perplexity, BitsPerByte, LanguageModelMetrics):
+        text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+        assert "Initialize internal Module state" not in text
+        assert "Parameters" in text and "Examples" in text
