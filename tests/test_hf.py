@@ -87,15 +87,34 @@ def test_every_function_takes_a_model_output(model, batch):
     for f, kw in ((lmmetrics.token_nll, {}), (lmmetrics.cross_entropy, {}), (lmmetrics.perplexity, {}),
                   (lmmetrics.bits_per_token, {}), (lmmetrics.bits_per_character, {}),
                   (lmmetrics.loglikelihood, {})):
-        a, b = f(out, t, **kw), f(z, t, **kw)
+        a, b = f(out, t, shift=False, **kw), f(z, t, **kw)
         for x, y in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b]):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    assert lmmetrics.bits_per_byte(out, t, tb) == lmmetrics.bits_per_byte(z, t, tb)
+        with pytest.raises(ValueError, match=r"come from a model output \(CausalLMOutputWithPast\): say shift=True"):
+            f(out, t, **kw)  # a model output: shift must be said
+    assert lmmetrics.bits_per_byte(out, t, tb, shift=False) == lmmetrics.bits_per_byte(z, t, tb)
     np.testing.assert_array_equal(lmmetrics.token_entropy(out).numpy(), lmmetrics.token_entropy(z).numpy())
     r = z + 0.1
     assert lmmetrics.kl_divergence(out, reference_logits=r) == lmmetrics.kl_divergence(z, reference_logits=r)
-    assert (lmmetrics.compare(out, t, reference_logits=out).as_dict()
+    assert (lmmetrics.compare(out, t, reference_logits=out, shift=False).as_dict()
             == lmmetrics.compare(z, t, reference_logits=z).as_dict())
+    for call in (lambda: lmmetrics.compare(out, t, reference_logits=out), lambda: lmmetrics.evaluate(out, t),
+                 lambda: lmmetrics.Evaluator().update(out, t), lambda: lmmetrics.bits_per_byte(out, t, tb)):
+        with pytest.raises(ValueError, match="say shift=True .* or shift=False"):
+            call()
+
+
+def test_the_off_by_one_shape_error_says_how_to_align(model, batch):
+    ids, labels = batch
+    z = model(ids).logits.detach()
+    with pytest.raises(ValueError, match=r"one position shorter. .*logits\[..., :-1, :\].*shift=True"):
+        lmmetrics.perplexity(z, ids[:, 1:])
+    with pytest.raises(ValueError, match=r"one position longer. Pass targets\[..., 1:\]"):
+        lmmetrics.perplexity(z[:, :-1], ids)
+    # the commonest mistake, unshifted labels with the model's output, is an error, not 525.56 for 526.08
+    with pytest.raises(ValueError, match="say shift=True"):
+        lmmetrics.perplexity(model(ids), ids)
+    assert lmmetrics.perplexity(model(ids), ids, shift=True) == lmmetrics.perplexity(z[:, :-1], ids[:, 1:])
 
 
 def test_no_gradient_flows(model, batch):

@@ -4,6 +4,7 @@ TypeError / ValueError naming the argument."""
 from __future__ import annotations
 
 import numbers
+from typing import Optional
 
 import numpy as np
 
@@ -60,7 +61,11 @@ def check_ignore_index(ignore_index: object) -> int:
     return int(ignore_index)
 
 
-def check_shift(shift: object) -> bool:
+def check_shift(shift: object) -> Optional[bool]:
+    """shift as a bool, None when it was not said (the engine decides
+    whether it must be), else TypeError."""
+    if shift is None:
+        return None
     if not isinstance(shift, (bool, np.bool_)):
         raise TypeError(f"shift must be True or False, got {shift!r}")
     return bool(shift)

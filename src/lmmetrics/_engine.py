@@ -108,7 +108,7 @@ MIXED_CHUNK_BYTES = 64 * 2**20
 
 
 def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: Optional[int] = -100,
-        softcap: Optional[float] = None, num_threads: Optional[int] = None, shift: bool = False,
+        softcap: Optional[float] = None, num_threads: Optional[int] = None, shift: Optional[bool] = None,
         nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False,
         ref_nll: bool = False) -> RowResults:
     """One read of the logits (and reference logits) computing what is asked.
@@ -118,8 +118,11 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)
+    said = check_shift(shift)
+    if said is None and targets is not None:  # without targets (entropy, KL) there is nothing to align
+        _shift_must_be_said(logits, reference)
     logits, reference = model_logits(logits), model_logits(reference)
-    if check_shift(shift):
+    if said:
         logits, targets, reference = shifted(logits, targets, reference)
     if (kl or ref_nll) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
@@ -158,6 +161,23 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         out.n_counted = n_counted
     out.nll_sum = nll_sum
     return out
+
+
+def _shift_must_be_said(*inputs: Any) -> None:
+    """A model output (``.logits``) or a model's lazy logits come with the
+    ids the model read, unshifted by nature: without shift=True / False the
+    targets could be either, and a guess is a plausible wrong number."""
+    for x in inputs:
+        if x is None or isinstance(x, np.ndarray) or is_torch(x):
+            continue
+        if isinstance(x, Projected) and not x.from_model:
+            continue
+        if isinstance(x, Projected) or hasattr(x, "logits"):
+            what = "lmmetrics.model_logits()" if isinstance(x, Projected) else f"a model output ({type(x).__name__})"
+            raise ValueError(
+                f"the logits come from {what}: say shift=True when the targets are the model's input ids or "
+                f"Hugging Face labels (position t predicts targets[..., t + 1]), or shift=False when they "
+                f"are already aligned with the logits (position t predicts targets[..., t])")
 
 
 def _results(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, ignore: int, *,

@@ -301,7 +301,7 @@ def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
     if t.shape != logits.lead_shape:
         raise ValueError(
             f"targets shape {t.shape} does not match the logits shape without its "
-            f"vocabulary axis {logits.lead_shape}")
+            f"vocabulary axis {logits.lead_shape}{_off_by_one(t.shape, logits.lead_shape)}")
     flat = t.reshape(-1)
     if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:  # uint64 would wrap negative (ignored)
         i = _first_above(flat, _INT64_MAX)
@@ -316,6 +316,19 @@ def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
     # e.g. a memory-mapped file's tensor at an odd offset: the core reads
     # whole int64 values, so an aligned copy
     return out if out.flags.aligned else out.copy()
+
+def _off_by_one(targets: Tuple[int, ...], lead: Tuple[int, ...]) -> str:
+    """The hint for targets one position off the logits (a shift mistake)."""
+    if len(targets) != len(lead) or not lead or targets[:-1] != lead[:-1]:
+        return ""
+    if targets[-1] == lead[-1] - 1:
+        return (": the targets are one position shorter. Targets already shifted (ids[..., 1:]) go with "
+                "logits[..., :-1, :]; unshifted ids or Hugging Face labels of the logits' length take shift=True")
+    if targets[-1] == lead[-1] + 1:
+        return (": the targets are one position longer. Pass targets[..., 1:] with these logits, or the "
+                "logits of every position with shift=True")
+    return ""
+
 
 # A table entry (bytes or characters of one token) above this is refused:
 # sums over 2^31 tokens stay within int64.

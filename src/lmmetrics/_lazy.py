@@ -93,6 +93,7 @@ class Projected:
         self.chunk_bytes: Optional[int] = None if chunk_bytes is None else check_positive_int("chunk_bytes",
                                                                                               chunk_bytes)
         self.is_torch: bool = bool(torch_in[0])
+        self.from_model = False  # model_logits(): shift must be said
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -317,6 +318,7 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     lazy = Projected(hidden, weight, bias if isinstance(bias, torch.Tensor) else None,
                      1.0 if scale is None else float(scale), softcap, chunk_bytes)
+    lazy.from_model = True
     if check:
         _check_against_forward(model, name, lazy, ids, attention_mask, check_positive_int(
             "check_positions", check_positions))

@@ -19,7 +19,7 @@ class NllOptions(TypedDict, total=False):
     """The keywords of the target-scoring metrics (token_nll, cross_entropy, ...)."""
 
     ignore_index: Optional[int]
-    shift: bool
+    shift: Optional[bool]
     softcap: Optional[float]
     num_threads: Optional[int]
 

@@ -224,7 +224,7 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
 
 
 def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: Optional[int] = -100,
-            shift: bool = False, softcap: Optional[float] = None,
+            shift: Optional[bool] = None, softcap: Optional[float] = None,
             num_threads: Optional[int] = None) -> Comparison:
     """Compare a model's logits with a reference model's on the same tokens.
 
@@ -252,11 +252,13 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -294,7 +296,7 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
 
 
 def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
-                 shift: bool = False, softcap: Optional[float] = None,
+                 shift: Optional[bool] = None, softcap: Optional[float] = None,
                  num_threads: Optional[int] = None) -> Tuple[F64Array, F64Array, F64Array, BoolArray]:
     """Per counted token, from one read of both logits, the values
     :func:`comparison_from_tokens` takes (concatenate those of several chunks

@@ -150,11 +150,13 @@ class Evaluator:
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -196,7 +198,7 @@ class Evaluator:
     """
 
     def __init__(self, *, token_bytes: Any = None, ignore_index: Optional[int] = -100,
-                 shift: bool = False, softcap: Optional[float] = None,
+                 shift: Optional[bool] = None, softcap: Optional[float] = None,
                  num_threads: Optional[int] = None, nll_only: bool = False):
         self.ignore_index = _engine.check_ignore_index(ignore_index)
         self.shift = _engine.check_shift(shift)
@@ -473,7 +475,7 @@ def _same_table(a: Any, b: Any) -> bool:
 
 
 def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_logits: Any = None,
-             ignore_index: Optional[int] = -100, shift: bool = False, softcap: Optional[float] = None,
+             ignore_index: Optional[int] = -100, shift: Optional[bool] = None, softcap: Optional[float] = None,
              num_threads: Optional[int] = None) -> Metrics:
     """Every metric of :class:`Metrics` from one read of the logits.
 
@@ -502,11 +504,13 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -597,7 +601,7 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     import torch
     import torch.distributed as dist
 
-    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True)
+    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False)  # y is aligned with x
     it = iter(batches)
     with torch.no_grad():
         for _ in range(steps):

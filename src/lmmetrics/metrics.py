@@ -53,7 +53,7 @@ def _per_position(values: F64Array, res: _engine.RowResults) -> Union[FloatArray
     return as_output(typed.reshape(res.lead_shape), res)
 
 
-def _nll(logits: Any, targets: Any, ignore_index: Optional[int], shift: bool, softcap: Optional[float],
+def _nll(logits: Any, targets: Any, ignore_index: Optional[int], shift: Optional[bool], softcap: Optional[float],
          num_threads: Optional[int]) -> _engine.RowResults:
     return _engine.run(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                        num_threads=num_threads, nll=True)
@@ -79,7 +79,7 @@ def token_nll(logits: Any, targets: Any,
               **options: Unpack[NllOptions]) -> Union[FloatArray, torch.Tensor]: ...
 
 
-def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
               softcap: Optional[float] = None,
               num_threads: Optional[int] = None) -> Union[FloatArray, torch.Tensor]:
     """Negative log-likelihood of each target, in nats.
@@ -100,11 +100,13 @@ def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, 
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -162,7 +164,7 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str,
 
 
 def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_index: Optional[int] = -100,
-                  shift: bool = False, softcap: Optional[float] = None,
+                  shift: Optional[bool] = None, softcap: Optional[float] = None,
                   num_threads: Optional[int] = None) -> Union[float, FloatArray, torch.Tensor]:
     """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``.
 
@@ -187,11 +189,13 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -233,7 +237,7 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     return _mean(res.nll_sum, res.n_counted)
 
 
-def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
                softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
     """Perplexity: ``exp`` of the mean NLL over counted tokens.
 
@@ -251,11 +255,13 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -290,7 +296,7 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
                              num_threads=num_threads))
 
 
-def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
                    softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
     """Mean NLL in bits: cross-entropy / ln 2.
 
@@ -308,11 +314,13 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -357,7 +365,7 @@ def loglikelihood(logits: Any, targets: Any, **options: Unpack[NllOptions]) -> T
         Union[F64Array, np.float64, torch.Tensor], Union[BoolArray, np.bool_, torch.Tensor]]: ...
 
 
-def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: bool = False,
+def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
                   softcap: Optional[float] = None, num_threads: Optional[int] = None) -> Tuple[
         Union[F64Array, np.float64, torch.Tensor], Union[BoolArray, np.bool_, torch.Tensor]]:
     """Per sequence, the log-probability of its counted targets and whether
@@ -380,11 +388,13 @@ def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -1
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -448,7 +458,7 @@ def _per_unit(res: _engine.RowResults, table: I64Array, skip_zero: bool) -> floa
 
 
 def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: Optional[int] = -100,
-                  shift: bool = False, softcap: Optional[float] = None,
+                  shift: Optional[bool] = None, softcap: Optional[float] = None,
                   num_threads: Optional[int] = None) -> float:
     """Bits per byte, with nanochat's semantics.
 
@@ -474,11 +484,13 @@ def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: 
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -515,7 +527,7 @@ def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: 
 
 
 def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
-                       ignore_index: Optional[int] = -100, shift: bool = False,
+                       ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
                        softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
     """Bits per character.
 
@@ -540,11 +552,13 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
         only. Ignored positions are not read.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy). Say it
-        explicitly when the logits come as a model output.
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in

@@ -219,7 +219,7 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
             targets = torch.full((len(batch), width), -100, dtype=torch.long)
             for i, (a, b, f, g) in enumerate(batch):
                 targets[i, f - a - 1:g - a - 1] = seq_cpu[f:g]
-            per_pos = token_nll(logits, targets.to(logits.device), num_threads=num_threads)
+            per_pos = token_nll(logits, targets.to(logits.device), shift=False, num_threads=num_threads)
             if out is None:
                 out = torch.full((T,), float("nan"), dtype=per_pos.dtype, device=per_pos.device)
             for i, (a, b, f, g) in enumerate(batch):
