@@ -684,3 +684,12 @@ def test_gpu_rows_past_2_31_elements():
                                rtol=TOL, atol=TOL)
     assert lmmetrics.token_entropy(z)[-1].item() == pytest.approx(ref_entropy(tail[-1:].double().numpy())[0],
                                                                    abs=TOL)
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="CUDA absent")
+def test_gpu_path_edges_on_a_gpu():
+    """The rows where a CUDA path once gave wrong numbers, through the
+    compiled kernel (the torch path's run is in test_cuda_path)."""
+    from helpers import check_gpu_path_edges
+
+    check_gpu_path_edges("cuda")
