@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _engine
+from lmmetrics import _native
 from helpers import BF16, ref_kl
 from test_compare import close, reference_stats
 from test_evaluate import check_metrics, expected_metrics
@@ -38,7 +38,7 @@ def _as(kind, x):
 @pytest.fixture(params=[None, 5 * 1001 * 8], ids=["one-chunk", "small-chunks"])
 def chunks(request, monkeypatch):
     if request.param:
-        monkeypatch.setattr(_engine, "MIXED_CHUNK_BYTES", request.param)
+        monkeypatch.setattr(_native, "MIXED_CHUNK_BYTES", request.param)
     return request.param
 
 
@@ -66,9 +66,9 @@ def test_chunking_does_not_change_the_numbers(monkeypatch):
     one = lmmetrics.evaluate(view, t[:, :-1], reference_logits=rv)
     cmp_one = lmmetrics.compare(view, t[:, :-1], reference_logits=rv).as_dict()
     seen = []
-    as_logits = _engine.as_logits
-    monkeypatch.setattr(_engine, "as_logits", lambda *a: seen.append(as_logits(*a)) or seen[-1])
-    monkeypatch.setattr(_engine, "MIXED_CHUNK_BYTES", 7 * 1001 * 4)  # 7 rows
+    as_logits = _native.as_logits
+    monkeypatch.setattr(_native, "as_logits", lambda *a: seen.append(as_logits(*a)) or seen[-1])
+    monkeypatch.setattr(_native, "MIXED_CHUNK_BYTES", 7 * 1001 * 4)  # 7 rows
     assert lmmetrics.evaluate(view, t[:, :-1], reference_logits=rv) == one
     assert lmmetrics.compare(view, t[:, :-1], reference_logits=rv).as_dict() == cmp_one
     chunks = [x for x in seen if x.n_rows <= 7]

@@ -29,12 +29,12 @@ import numpy as np
 
 from ._checks import check_positive_int
 from ._errors import Status, row_error
-from ._inputs import row_blocks
+from ._inputs import row_chunks
+from ._request import OUTPUTS, RowResults
+from ._types import I64Array
 
 if TYPE_CHECKING:
     import torch
-
-    from ._engine import RowResults
 
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
 _chunk_bytes = _DEFAULT_CHUNK_BYTES
@@ -49,6 +49,11 @@ _TEMPS_ROW = 5
 _TEMPS_REF = 9
 _TEMPS_CAST = 1
 _TEMPS_CAP = 2
+
+
+def chunk_bytes() -> int:
+    """The current bound on extra GPU memory (:func:`set_cuda_chunk_bytes`)."""
+    return _chunk_bytes
 
 
 def set_cuda_chunk_bytes(nbytes: Optional[int] = None) -> int:
@@ -133,21 +138,28 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
-    """Fill out's per-row arrays (numpy, on the host) from the CUDA tensors:
-    the Triton kernel where it applies, else torch."""
+    """Fill out's per-row arrays (numpy, on the host), its counted rows and
+    its NLL sum from the CUDA tensors: the Triton kernel where it applies,
+    else torch."""
     global _triton_failed
     tri = _triton_for(lg, ref)
+    done = False
     if tri is not None:
         try:
             tri.compute(lg, ref, out, ignore_index, cap)
-            return
+            done = True
         except tri.LaunchError as e:  # e.g. a GPU the installed triton cannot compile for
             if _force_triton:
                 raise
             _triton_failed = True
             warnings.warn(f"lmmetrics: the Triton kernel failed ({e.__cause__!r}); "
                           f"using the torch path from now on", RuntimeWarning, stacklevel=3)
-    _compute_torch(lg, ref, out, ignore_index, cap)
+    if not done:
+        _compute_torch(lg, ref, out, ignore_index, cap)
+    if out.targets is not None:
+        out.n_counted = int(np.count_nonzero(out.counted))
+    if out.nll is not None:
+        out.nll_sum = float(np.sum(out.nll))
 
 
 def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int,
@@ -162,15 +174,9 @@ def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, i
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
     tgt_all = torch.from_numpy(out.targets).to(dev) if out.targets is not None else None
     counted_all = torch.from_numpy(out.counted).to(dev)
-    pos = 0
-    for zb, rb in row_blocks(lg.keep, None if ref is None else ref.keep):
-        for a in range(0, zb.shape[0], step):
-            i0 = pos + a
-            i1 = min(pos + zb.shape[0], i0 + step)
-            _chunk(zb[a:a + step], None if rb is None else rb[a:a + step],
-                   None if tgt_all is None else tgt_all[i0:i1], counted_all[i0:i1],
-                   out, i0, i1, cap, lg.lead_shape)
-        pos += zb.shape[0]
+    for rows, zc, rc in row_chunks(lg.keep, None if ref is None else ref.keep, step):
+        _chunk(zc, rc, None if tgt_all is None else tgt_all[rows], counted_all[rows], out, rows.start, rows.stop,
+               cap, lg.lead_shape)
 
 
 def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tensor], counted: torch.Tensor,
@@ -324,3 +330,51 @@ def _chunk_exact(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch
         put("ref_argmax", torch.argmax(rz, 1), -1)
     if out.kl is not None:
         put("kl", _kl(rz - rlse[:, None], _need(logp)), 0.0)
+
+
+def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
+               tgt_all: Optional[torch.Tensor]) -> None:
+    """The counted rows idx (flat row numbers) of out again by the exact path,
+    a bounded number of rows at a time (the Triton kernel's rows it cannot
+    certify: +inf, KL cross terms beyond float)."""
+    import torch
+
+    dev = lg.keep.device
+    z2 = _flat(lg.keep)
+    r2 = None if ref is None else _flat(ref.keep)
+    step = max(1, _chunk_bytes // (lg.n_cols * 4 * 12))
+    for a in range(0, idx.size, step):
+        part = idx[a:a + step]
+        sel = torch.from_numpy(part).to(dev)
+        n = part.size
+        # those rows' results: out's settings, arrays of n rows where out has them
+        sub = out.derived((n,), None if out.targets is None else out.targets[part], lambda a: np.empty(n, a.dtype))
+        tgt = None if tgt_all is None else tgt_all[sel]
+        _chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel), tgt,
+                           torch.ones(part.size, dtype=torch.bool, device=dev), sub, 0, part.size,
+                           cap, lg.lead_shape)
+        for k in OUTPUTS:
+            rows = getattr(sub, k)
+            if rows is not None:
+                getattr(out, k)[part] = rows
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """x as (rows, V) when that is a view, else x itself (rows then are
+    taken by their multi-index): never a copy of the whole buffer."""
+    if x.dim() == 1:
+        return x.unsqueeze(0)
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return x
+
+
+def _take(x2: torch.Tensor, part: I64Array, sel: torch.Tensor) -> torch.Tensor:
+    """Rows part of the flattened logits x2 (a copy of those rows only)."""
+    if x2.dim() == 2:
+        return x2.index_select(0, sel)
+    import torch
+
+    lead = x2.shape[:-1]
+    return torch.stack([x2[tuple(int(k) for k in np.unravel_index(i, lead))] for i in part])

@@ -123,6 +123,18 @@ def row_blocks(z: Any, r: Any = None) -> Iterator[Tuple[Any, Any]]:
         yield from row_blocks(z[i], None if r is None else r[i])
 
 
+def row_chunks(z: Any, r: Any, step: int) -> Iterator[Tuple[slice, Any, Any]]:
+    """Consecutive chunks of at most ``step`` rows of z (and r, or None) as
+    2-D (rows, V) views, each with the slice of flat row numbers it covers:
+    the one row-chunk loop of every backend (mixed dtypes, CUDA memory)."""
+    pos = 0
+    for zb, rb in row_blocks(z, r):
+        for a in range(0, zb.shape[0], step):
+            b = min(zb.shape[0], a + step)
+            yield slice(pos + a, pos + b), zb[a:b], None if rb is None else rb[a:b]
+        pos += zb.shape[0]
+
+
 class DescribedLogits(Protocol):
     """What the engine reads of a described logits buffer, whichever path
     computes it: :class:`Logits` (the native core) and

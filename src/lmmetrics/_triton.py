@@ -26,24 +26,23 @@ torch path.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-from typing import TYPE_CHECKING, Optional, TypeVar
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 import triton
 import triton.language as tl
 
+from ._cuda import CudaLogits, chunk_bytes, exact_rows
 from ._errors import Status, row_error
-from ._inputs import row_blocks
-from ._types import F64Array, I64Array
+from ._inputs import row_chunks
+from ._request import INDEX_OUTPUTS, OUTPUTS, RowResults
+from ._types import F64Array
 
 if TYPE_CHECKING:
     import torch
 
-    from ._cuda import CudaLogits
-    from ._engine import RowResults
 
 # Elements of a row a tile holds: the results depend on it (and only on it).
 TILE = 2048
@@ -64,6 +63,7 @@ _SLOW = F_INF | F_INF_REF | F_CROSS
 # KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
 _CROSS_BIG = 1e20
 # output rows of the (7, N) float64 result
+# (the outputs in lmmetrics._request.OUTPUTS' order, after the flags)
 _O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL = (tl.constexpr(k) for k in range(7))
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -331,8 +331,6 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
     """Fill out's per-row arrays (numpy, on the host) from the tensors."""
     import torch
 
-    from . import _cuda
-
     dev = lg.keep.device
     n = lg.n_rows
     V = lg.n_cols
@@ -344,7 +342,7 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
     want_amax = out.argmax is not None
     has_ref = ref is not None
     res = torch.empty((7, n), dtype=torch.float64, device=dev)
-    group = max(1, min(_STATE_BYTES, _cuda._chunk_bytes // 2) // (n_tiles * _NFIELDS * 4))
+    group = max(1, min(_STATE_BYTES, chunk_bytes() // 2) // (n_tiles * _NFIELDS * 4))
     states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
     try:
         # on the tensors' device (the launch goes to the current one), and
@@ -368,28 +366,22 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], tgt_all: Optional[torch.T
     inv_hi = float(np.float32(1.0 / capf))
     inv_lo = float(np.float32(1.0 / capf - inv_hi))
     nt = triton.next_power_of_2(n_tiles)
-    pos = 0
-    for zb, rb in row_blocks(lg.keep, None if ref is None else ref.keep):
-        nb = zb.shape[0]
-        rb_ = rb if rb is not None else zb
-        for a in range(0, nb, group):
-            rows = min(group, nb - a)
-            z = zb[a:a + rows]
-            r = rb_[a:a + rows]
-            tg = tgt_all[pos + a:pos + a + rows] if tgt_all is not None else z
-            st = states[:, :, :rows] if rows == states.shape[2] else \
-                states.view(-1)[: _NFIELDS * n_tiles * rows].view(_NFIELDS, n_tiles, rows)
-            per = _programs_per_row(rows, n_tiles, dev)
-            grid = (rows, (n_tiles + per - 1) // per)
-            _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
-                         capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=tgt_all is not None, HAS_REF=has_ref,
-                         WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
-            mrows = max(1, min(16, _MERGE_ELEMS // nt))
-            _merge[((rows + mrows - 1) // mrows,)](
-                st, z, r, tg, res, rows, pos + a, n, n_tiles, z.stride(0), r.stride(0),
-                capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=tgt_all is not None,
-                HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
-        pos += nb
+    for span, z, r in row_chunks(lg.keep, None if ref is None else ref.keep, group):
+        rows = span.stop - span.start
+        r = r if r is not None else z
+        tg = tgt_all[span] if tgt_all is not None else z
+        st = states[:, :, :rows] if rows == states.shape[2] else \
+            states.view(-1)[: _NFIELDS * n_tiles * rows].view(_NFIELDS, n_tiles, rows)
+        per = _programs_per_row(rows, n_tiles, dev)
+        grid = (rows, (n_tiles + per - 1) // per)
+        _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
+                     capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=tgt_all is not None, HAS_REF=has_ref,
+                     WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
+        mrows = max(1, min(16, _MERGE_ELEMS // nt))
+        _merge[((rows + mrows - 1) // mrows,)](
+            st, z, r, tg, res, rows, span.start, n, n_tiles, z.stride(0), r.stride(0),
+            capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=tgt_all is not None,
+            HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
 
 
 def _finish(host: F64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
@@ -407,73 +399,12 @@ def _finish(host: F64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowR
                   else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
         raise row_error(status, i, lg.lead_shape)
     slow_rows = counted & ((flags & _SLOW) != 0)
-    for name, k in (("nll", _O_NLL), ("entropy", _O_ENT), ("kl", _O_KL), ("ref_nll", _O_RNLL),
-                    ("argmax", _O_AMAX), ("ref_argmax", _O_RAMAX)):
+    for k, name in enumerate(OUTPUTS, 1):  # the result's rows 1.. in OUTPUTS' order
         arr = getattr(out, name)
         if arr is not None:
-            arr[:] = host[k.value]  # argmax: exact float64 integers
-            # a NaN the flags did not foresee: never a number, the exact path decides
-            slow_rows |= counted & np.isnan(arr)
+            arr[:] = host[k]  # argmax: exact float64 integers
+            if name not in INDEX_OUTPUTS:  # a NaN the flags did not foresee: the exact path decides
+                slow_rows |= counted & np.isnan(arr)
     slow = np.nonzero(slow_rows)[0]
     if slow.size:
-        _exact_rows(slow, lg, ref, out, cap, tgt_all)
-
-
-_A = TypeVar("_A", F64Array, I64Array)
-
-
-def _empty_part(a: Optional[_A], n: int) -> Optional[_A]:
-    """n rows of a's dtype, or None when a is None (not wanted)."""
-    return None if a is None else np.empty(n, a.dtype)
-
-
-def _exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
-                tgt_all: Optional[torch.Tensor]) -> None:
-    """The rows idx again by the torch path's exact computation, a bounded
-    number of rows at a time."""
-    import torch
-
-    from . import _cuda
-
-    dev = lg.keep.device
-    z2 = _flat(lg.keep)
-    r2 = None if ref is None else _flat(ref.keep)
-    step = max(1, _cuda._chunk_bytes // (lg.n_cols * 4 * 12))
-    for a in range(0, idx.size, step):
-        part = idx[a:a + step]
-        sel = torch.from_numpy(part).to(dev)
-        n = part.size
-        # those rows' results: out's settings, arrays of n rows where out has them
-        sub = dataclasses.replace(out, lead_shape=(n,), targets=None if out.targets is None else out.targets[part],
-                                  nll=_empty_part(out.nll, n), entropy=_empty_part(out.entropy, n),
-                                  argmax=_empty_part(out.argmax, n), kl=_empty_part(out.kl, n),
-                                  ref_argmax=_empty_part(out.ref_argmax, n), ref_nll=_empty_part(out.ref_nll, n))
-        tgt = None if tgt_all is None else tgt_all[sel]
-        _cuda._chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel), tgt,
-                           torch.ones(part.size, dtype=torch.bool, device=dev), sub, 0, part.size,
-                           cap, lg.lead_shape)
-        for k in ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll"):
-            rows = getattr(sub, k)
-            if rows is not None:
-                getattr(out, k)[part] = rows
-
-
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    """x as (rows, V) when that is a view, else x itself (rows then are
-    taken by their multi-index): never a copy of the whole buffer."""
-    if x.dim() == 1:
-        return x.unsqueeze(0)
-    try:
-        return x.view(-1, x.shape[-1])
-    except RuntimeError:
-        return x
-
-
-def _take(x2: torch.Tensor, part: I64Array, sel: torch.Tensor) -> torch.Tensor:
-    """Rows part of the flattened logits x2 (a copy of those rows only)."""
-    if x2.dim() == 2:
-        return x2.index_select(0, sel)
-    import torch
-
-    lead = x2.shape[:-1]
-    return torch.stack([x2[tuple(int(k) for k in np.unravel_index(i, lead))] for i in part])
+        exact_rows(slow, lg, ref, out, cap, tgt_all)

@@ -1,0 +1,138 @@
+"""What a pass computes and what it returns: the one list of per-row
+outputs (:data:`OUTPUTS`), :class:`RowResults` (numpy, float64 / int64, one
+value a row), and :func:`allocate`, which checks two buffers and the targets
+against each other and allocates a pass's outputs. Every backend fills a
+RowResults; none imports the engine."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Tuple, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ._inputs import DescribedLogits, as_targets
+from ._types import BoolArray, F64Array, I64Array
+
+if TYPE_CHECKING:
+    import torch
+
+#: every per-row output a pass can compute, in one order (the native core's
+#: outputs tuple takes them in this order)
+OUTPUTS: Tuple[str, ...] = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
+#: the integer ones (-1 where a row is not counted; the others 0)
+INDEX_OUTPUTS = ("argmax", "ref_argmax")
+
+#: the float64 per-row outputs of a pass, and the int64 ones
+FloatOutput = Literal["nll", "entropy", "kl", "ref_nll"]
+IndexOutput = Literal["argmax", "ref_argmax"]
+
+
+@dataclass
+class RowResults:
+    """Per-row outputs of one pass (numpy, float64 / int64, flattened rows).
+
+    An output is None when the pass did not compute it (``run``'s flags say
+    which are); the CUDA path fills the ones that are not None in place.
+    Consumers read them with :meth:`floats`, :meth:`indices` and
+    :attr:`target_ids`, which hold the arrays' types and say so when a
+    pass lacks what they need."""
+
+    lead_shape: Tuple[int, ...]    # the logits shape without the vocabulary axis
+    n_cols: int                    # vocabulary size
+    dtype: str                     # logits dtype name
+    device: Optional[torch.device]  # None for numpy input, else the torch device
+    targets: Optional[I64Array]    # int64, flattened; None without targets
+    ignore_index: int
+    n_counted: int = 0             # rows counted
+    nll_sum: float = 0.0           # sum of nll over counted rows (when nll is computed)
+    nll: Optional[F64Array] = None
+    entropy: Optional[F64Array] = None
+    argmax: Optional[I64Array] = None
+    kl: Optional[F64Array] = None
+    ref_argmax: Optional[I64Array] = None
+    ref_nll: Optional[F64Array] = None
+    _counted: Optional[BoolArray] = field(default=None, init=False, repr=False)
+
+    @property
+    def counted(self) -> BoolArray:
+        """bool mask of the counted rows (targets neither negative nor ignore_index)"""
+        if self._counted is None:
+            t = self.targets
+            self._counted = (np.ones(math.prod(self.lead_shape), bool) if t is None
+                             else (t >= 0) & (t != self.ignore_index))
+        return self._counted
+
+    def floats(self, name: FloatOutput) -> F64Array:
+        """The float64 output ``name`` (the pass must have computed it)."""
+        values: Optional[F64Array] = getattr(self, name)
+        return _computed(values, name)
+
+    def indices(self, name: IndexOutput) -> I64Array:
+        """The int64 output ``name`` (the pass must have computed it)."""
+        values: Optional[I64Array] = getattr(self, name)
+        return _computed(values, name)
+
+    @property
+    def target_ids(self) -> I64Array:
+        """The flattened int64 targets (the pass must have had targets)."""
+        return _computed(self.targets, "targets")
+
+    def derived(self, lead_shape: Tuple[int, ...], targets: Optional[I64Array],
+                each: Callable[[Any], Any]) -> RowResults:
+        """Results of the same pass over other rows: these settings, the given
+        targets, and ``each(array)`` for each output this pass computes
+        (views of some rows, or new arrays for them)."""
+        new = replace(self, lead_shape=lead_shape, targets=targets)
+        for name in OUTPUTS:
+            values = getattr(self, name)
+            setattr(new, name, None if values is None else each(values))
+        return new
+
+
+_A = TypeVar("_A", bound=npt.NDArray[Any])
+
+
+def _computed(values: Optional[_A], name: str) -> _A:
+    if values is None:
+        raise RuntimeError(f"lmmetrics: internal error: {name} is not computed by this pass")
+    return values
+
+
+def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, ignore: int, *,
+             check_range: bool, nll: bool, entropy: bool, argmax: bool, kl: bool,
+             ref_nll: bool) -> RowResults:
+    """The checks of both buffers and the targets against each other, and
+    the outputs of a pass over them, allocated (not yet computed)."""
+    if ref is not None and ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
+        raise ValueError(
+            f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
+            f"logits shape {lg.lead_shape + (lg.n_cols,)}")
+    if targets is not None:
+        tgt = as_targets(targets, lg, check_range=check_range, ignore_index=ignore)
+    elif nll or ref_nll:
+        raise ValueError("targets are required for the NLL")
+    else:
+        tgt = None
+    n = lg.n_rows
+    out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
+    wanted = dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_argmax=ref is not None and argmax,
+                  ref_nll=ref is not None and ref_nll)
+    for name in OUTPUTS:
+        if wanted[name]:
+            setattr(out, name, np.empty(n, np.int64 if name in INDEX_OUTPUTS else np.float64))
+    return out
+
+
+def fsum(values: npt.NDArray[np.float64]) -> float:
+    """The correctly rounded sum of non-negative values (NLL): inf where it
+    overflows (math.fsum raises there)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
+def _device(x: Any) -> Optional[torch.device]:
+    return x.device if hasattr(x, "device") and not isinstance(x, np.ndarray) else None
