@@ -13,7 +13,7 @@ from lmmetrics import _core
 from _bench import _run, workload
 
 WORKLOADS = [(2048, 128256), (4096, 50257), (8, 32000)]
-DTYPES = ["float32", "bfloat16", "float16"]
+DTYPES = ["float32", "bfloat16", "float16", "float64"]
 THREADS = _core.max_threads()
 
 
@@ -53,6 +53,28 @@ def test_torch(benchmark, n, v, dtype):
     tt = torch.from_numpy(t)
     torch.set_num_threads(THREADS)
     _run(benchmark, lambda: F.cross_entropy(zt, tt, reduction="sum"), z.nbytes, f"{n}x{v}-{dtype}")
+
+
+_COMPILED = {}
+
+
+@pytest.mark.parametrize("n,v,dtype", CASES, ids=IDS)
+def test_torch_compile(benchmark, n, v, dtype):
+    """torch.compile of the same F.cross_entropy (Inductor's C++ code on the
+    CPU); compiled once per shape and dtype, outside the timing."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch has no torch.compile")
+    F = torch.nn.functional
+    z, t = workload(n, v, dtype)
+    zt = torch.from_numpy(z.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(z)
+    tt = torch.from_numpy(t)
+    torch.set_num_threads(THREADS)
+    if "fn" not in _COMPILED:
+        _COMPILED["fn"] = torch.compile(lambda a, b: F.cross_entropy(a, b, reduction="sum"))
+    fn = _COMPILED["fn"]
+    fn(zt, tt)
+    _run(benchmark, lambda: fn(zt, tt), z.nbytes, f"{n}x{v}-{dtype}")
 
 
 @pytest.mark.parametrize("n,v,dtype", [c for c in CASES if c[2] == "float32"],

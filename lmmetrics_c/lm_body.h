@@ -77,13 +77,52 @@ LM_INLINE LM_FN(cap_t) LM_FN(cap_of_)(double c) {
     return k;
 }
 
-#ifdef LM_LIBM_EXP /* float64 lanes: libm [README: float64] */
+#if defined(LM_LIBM_EXP) || defined(LM_EXP64) /* double lanes [README: float64] */
+/* the shift is the max itself (shift_of_), and fix_ has nothing to fix */
+#define LM_SHIFT_IS_MAX 1
+/* softcap: libm's tanh in double, lane by lane (float64 with a softcap is
+ * rare; the float lanes' expm1 would not be accurate enough here) */
+LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, const LM_FN(cap_t) *k) {
+    LMV_LANE v[LMV_W], c[LMV_W];
+    lmv_store(v, x);
+    lmv_store(c, k->c);
+    for (int i = 0; i < LMV_W; i++) v[i] = lm_softcap(v[i], c[0]);
+    return lmv_loadu(v);
+}
+/* the lane value of expq_'s second argument for a shift */
+LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) { return lmv_set1(shift); }
+#endif
+
+#ifdef LM_LIBM_EXP /* one double lane: libm */
 #define LM_EXP_LO (-746.0)
-LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, const LM_FN(cap_t) *k) { return lm_softcap(x, k->c); }
 /* e^(z - shift) = p * sc */
 LM_INLINE lmv_t LM_FN(expq_)(lmv_t z, lmv_t shift, lmv_t *sc) { *sc = 1.0; return exp(z - shift); }
-/* the lane value of expq_'s second argument for a shift */
-LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) { return shift; }
+#elif defined(LM_EXP64) /* double vector lanes [README: float64] */
+/* terms below e^-700 of the shift count as e^-700 (2^-1010: sc stays a
+ * normal double); nothing against a sum of at least 1 */
+#define LM_EXP_LO (-700.0)
+/* e^(z - shift) = p * sc for z in [shift + LM_EXP_LO, shift + LM_HEAD]:
+ * x = z - shift, t = Q x / ln2 + MAGIC64 holds N = round(Q x / ln2) in its
+ * low bits, r = x - N ln2 / Q (one rounding, |r| <= ln2 / 2Q), sc =
+ * 2^(N / Q) from the table and the exponent field (lmv_pow2q, Q = 8) and
+ * p = e^r by a degree-6 polynomial with 1 + r its first terms (e^0 exact),
+ * minimax for relative error over |r| <= ln2 / 16: 1.5e-15, before the
+ * roundings of the evaluation (a few 1e-16). ln 2 rounded to double adds
+ * below 3.3e-17 |x| to r, less than x's own rounding. NaN in z gives a NaN
+ * p. */
+LM_INLINE lmv_t LM_FN(expq_)(lmv_t z, lmv_t shift, lmv_t *sc) {
+    const lmv_t x = lmv_sub(z, shift);
+    const lmv_t t = lmv_fma(x, lmv_set1((1 << LM_QBITS) * 1.4426950408889634), lmv_set1(LM_MAGIC64));
+    const lmv_t r = lmv_fma(lmv_sub(t, lmv_set1(LM_MAGIC64)),
+                            lmv_set1(-0.6931471805599453 / (1 << LM_QBITS)), x);
+    lmv_t p = lmv_fma(lmv_set1(0.0013887709776968936), r, lmv_set1(0.008333887664001088));
+    *sc = lmv_pow2q(t);
+    p = lmv_fma(p, r, lmv_set1(0.0416666670919471));
+    p = lmv_fma(p, r, lmv_set1(0.16666666630691587));
+    p = lmv_fma(p, r, lmv_set1(0.4999999999997468));
+    p = lmv_fma(p, r, lmv_set1(1.0));
+    return lmv_fma(p, r, lmv_set1(1.0));
+}
 #else
 #define LM_EXP_LO (-86.0f)
 /* e^r - 1 = r + r^2 D(r), D = (e^r - 1 - r) / r^2 by a degree-4
@@ -163,10 +202,10 @@ LM_INLINE lmv_t LM_FN(expq_arg_)(double shift) {
  * +-2^21 ln2 / Q (3.6e5 for Q = 4, 1.8e5 for Q = 8, 9.1e4 for Q = 16, 4.5e4 for Q = 32) take
  * the exact path. */
 #define LM_KMAX (2097152.0 / LM_Q)
-/* With libm's exp (float64 lanes) the shift is the max itself; rows whose
+/* In double lanes (float64 input) the shift is the max itself; rows whose
  * maxima pass +-2^50 take the exact path (beyond, the clamp shift +
  * LM_EXP_LO would round to the shift and every term count as the max's). */
-#define LM_LIBM_MAX 1125899906842624.0
+#define LM_F64_MAX 1125899906842624.0
 /* The KL cross term adds e_r d, d = (r - ref max) - (z - max), both
  * unclamped [README: the cross term]. A lane whose r lies below the clamp
  * adds nothing: its true e_r d is below exp(LM_EXP_LO) |d|, nil while
@@ -462,7 +501,7 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
 
 /* ----------------------------------------------------------------- shifts */
 
-#ifndef LM_LIBM_EXP
+#ifndef LM_SHIFT_IS_MAX
 /* exact / computed exp(m - shift), m a lane value [README: fix] */
 LM_INLINE double LM_FN(fix_)(double m, double shift) {
     /* computed as the sums took it: a lane sum of p sc from 0 (every lane
@@ -475,10 +514,10 @@ LM_INLINE double LM_FN(fix_)(double m, double shift) {
 #endif
 
 /* The shift for a maximum bm: K ln2f, K = ceil(bm / ln2f); NaN when out
- * of range for c1. With libm's exp, bm itself (NaN beyond LM_LIBM_MAX). */
+ * of range for c1. In double lanes, bm itself (NaN beyond LM_F64_MAX). */
 LM_INLINE double LM_FN(shift_of_)(double bm) {
-#ifdef LM_LIBM_EXP
-    return fabs(bm) <= LM_LIBM_MAX ? bm : NAN;
+#ifdef LM_SHIFT_IS_MAX
+    return fabs(bm) <= LM_F64_MAX ? bm : NAN;
 #else
     double k = ceil(bm / LM_LN2F);
     return fabs(k) <= LM_KMAX ? k * LM_LN2F : NAN;
@@ -655,7 +694,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     } else {
         st->argmax = st->ref_argmax = -1;
     }
-#ifndef LM_LIBM_EXP
+#ifndef LM_SHIFT_IS_MAX
     /* The max's own term exact [README: fix]: every term carries the exp's
      * error (the same for a value against any shift); scaling a side's sums
      * by exact / computed of its max makes that term exact and keeps
@@ -709,7 +748,8 @@ static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
 #undef LM_BLK
 #undef LM_HEAD
 #undef LM_KMAX
-#undef LM_LIBM_MAX
+#undef LM_F64_MAX
+#undef LM_SHIFT_IS_MAX
 #undef LM_CROSS_BIG
 #undef LM_FLUSH
 #undef LM_FLUSH_REF

@@ -110,7 +110,7 @@ static const lm_unit *lm_unit_for(int isa) {
 }
 
 /* the kernel for dtype on isa: the portable unit's where the ISA has none
- * (float64) */
+ * (NEON's float64) */
 static lm_segment_fn lm_kernel_for(int isa, int dtype) {
     lm_segment_fn fn = lm_unit_for(isa)->kernels[dtype];
     return fn ? fn : lm_unit_scalar.kernels[dtype];
@@ -399,9 +399,11 @@ static void lm_row_item(const lm_ctx *x, lm_poll *poll, unsigned char *status, i
 }
 
 /* the cost of an element of the job relative to LM_CHECK_WORK's unit:
- * libm's exp (float64) and a softcap take longer, a reference doubles it */
-static int64_t lm_cost(const lm_job *j) {
-    return (j->dtype == LM_F64 ? 8 : 1) * (j->softcap > 0 ? 4 : 1) * (j->ref.base ? 2 : 1);
+ * float64 (twice the vectors; libm's exp on the portable unit) and a
+ * softcap take longer, a reference doubles it */
+static int64_t lm_cost(const lm_job *j, lm_segment_fn fn) {
+    const int64_t f64 = fn == lm_unit_scalar.kernels[LM_F64] ? 8 : 2;
+    return (j->dtype == LM_F64 ? f64 : 1) * (j->softcap > 0 ? 4 : 1) * (j->ref.base ? 2 : 1);
 }
 
 int lm_run(const lm_job *j, int64_t *bad_row) {
@@ -444,7 +446,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     if (nt > 1 && n < nt && x.nseg > 1) {
         /* few long rows: split them into segments across threads */
         int64_t items = n * x.nseg;
-        lm_poll poll = {j, LM_CHECK_WORK / LM_SEGMENT / lm_cost(j), 0, 0};
+        lm_poll poll = {j, LM_CHECK_WORK / LM_SEGMENT / lm_cost(j, x.fn), 0, 0};
         lm_state *sts = (lm_state *)malloc((size_t)items * sizeof(lm_state));
         if (!sts) { free(status); return LM_ERR_NOMEM; }
 #ifdef _OPENMP
@@ -464,7 +466,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         }
         free(sts);
     } else {
-        lm_poll poll = {j, LM_CHECK_WORK / (j->n_cols * lm_cost(j)), 0, 0};
+        lm_poll poll = {j, LM_CHECK_WORK / (j->n_cols * lm_cost(j, x.fn)), 0, 0};
         if (nt > n) nt = (int)n;
         if (nt == 1) { /* no OpenMP region: 0.6 us a call less, which a one-row call sees */
             for (int64_t i = 0; i < n; i++) lm_row_item(&x, &poll, status, i);

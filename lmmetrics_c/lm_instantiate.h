@@ -3,9 +3,11 @@
  * LM_ISA_TAG (scalar, avx2, avx512, neon), are
  *   segment_<isa>_f32, segment_<isa>_f16, segment_<isa>_bf16  (lm_segment_fn)
  *   read_<isa>_f32                                            (lm_read_fn)
- * (each with its static inline helpers, e.g. block__<isa>_f32), and
- * lm_isa_scalar.c adds segment_scalar_f64 (double lanes, libm's exp). They
- * are exported through each unit's lm_unit (lm_unit_<isa>). */
+ * (each with its static inline helpers, e.g. block__<isa>_f32), and, where
+ * the unit names its double-lane primitives in LM_SIMD_F64 (a header
+ * included last, replacing the float ones),
+ *   segment_<isa>_f64
+ * They are exported through each unit's lm_unit (lm_unit_<isa>). */
 #define LM_NAME3_(a, b, c) a##_##b##_##c
 #define LM_NAME3(a, b, c) LM_NAME3_(a, b, c)
 
@@ -73,3 +75,20 @@ static float LM_NAME3(read, LM_ISA_TAG, f32)(const float *p, int64_t n, int pref
 #undef LM_RAW16
 #undef LM_ELEM_POSINF
 #undef LM_ELEM_TO_FLOAT
+
+#ifdef LM_SIMD_F64 /* float64 in double lanes */
+#include LM_SIMD_F64
+#define LM_ELEM double
+#define LM_ELEM_NEGINF (-INFINITY)
+#define LM_RAW16 0
+#define LM_LOAD2 LM_LOAD2_F64
+#define LM_LANE_ELEM LM_LANE_F64
+#define LM_FN(name) LM_NAME3(name, LM_ISA_TAG, f64)
+#include "lm_body.h"
+#undef LM_ELEM
+#undef LM_ELEM_NEGINF
+#undef LM_RAW16
+#undef LM_LOAD2
+#undef LM_LANE_ELEM
+#undef LM_FN
+#endif

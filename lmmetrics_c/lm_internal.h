@@ -76,6 +76,20 @@ static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
     LM_Q32(24, 0x3fd744fd), LM_Q32(25, 0x3fdbfbb8), LM_Q32(26, 0x3fe0ccdf), LM_Q32(27, 0x3fe5b907),\
     LM_Q32(28, 0x3feac0c7), LM_Q32(29, 0x3fefe4ba), LM_Q32(30, 0x3ff5257d), LM_Q32(31, 0x3ffa83b3)
 
+/* The float64 lanes' exp (lm_simd_*_f64.h) takes 2^(j/8) likewise, from
+ * double bits less j << 49: F(j, bits) for each entry, F an ISA's way of
+ * spelling the table (whole 64-bit entries, or their 32-bit halves). */
+#define LM_POW2Q64_TABLE8(F)                                                   \
+    F(0, 0x3ff0000000000000ull), F(1, 0x3ff172b83c7d517bull), F(2, 0x3ff306fe0a31b715ull),\
+    F(3, 0x3ff4bfdad5362a27ull), F(4, 0x3ff6a09e667f3bcdull), F(5, 0x3ff8ace5422aa0dbull),\
+    F(6, 0x3ffae89f995ad3adull), F(7, 0x3ffd5818dcfba487ull)
+#define LM_Q8D_BITS(j, bits) ((bits) - ((unsigned long long)(j) << 49))
+#define LM_Q8D(j, bits) ((long long)LM_Q8D_BITS(j, bits))
+#define LM_Q8D_LO(j, bits) ((int)(unsigned)(LM_Q8D_BITS(j, bits) & 0xffffffffull))
+#define LM_Q8D_HI(j, bits) ((int)(unsigned)(LM_Q8D_BITS(j, bits) >> 32))
+/* 1.5 * 2^52: t = x + LM_MAGIC64 holds round(x) in its low mantissa bits */
+#define LM_MAGIC64 6755399441055744.0
+
 enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
 
 typedef void (*lm_segment_fn)(const void *z, const void *r, int64_t n, int flags,
@@ -127,8 +141,8 @@ static inline size_t lm_elsize(int dtype) {
 typedef float (*lm_read_fn)(const float *p, int64_t n, int prefetch);
 
 /* What each ISA unit exports: its segment kernels indexed by dtype (NULL
- * where the unit has none; f64 always runs the scalar unit) and its read
- * pass. */
+ * where the unit has none: the driver then runs the scalar unit's) and its
+ * read pass. */
 typedef struct {
     lm_segment_fn kernels[LM_NDTYPES];
     lm_read_fn read;

@@ -5,8 +5,8 @@
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx2
-typedef __m256 lmv_t;
-typedef float LMV_LANE;
+#define lmv_t __m256
+#define LMV_LANE float
 #define LMV_W 8
 #define lmv_set1(x) _mm256_set1_ps((float)(x))
 #define lmv_add _mm256_add_ps

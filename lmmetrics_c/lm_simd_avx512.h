@@ -5,8 +5,8 @@
 #include <immintrin.h>
 
 #define LM_ISA_TAG avx512
-typedef __m512 lmv_t;
-typedef float LMV_LANE;
+#define lmv_t __m512
+#define LMV_LANE float
 #define LMV_W 16
 #define lmv_set1(x) _mm512_set1_ps((float)(x))
 #define lmv_add _mm512_add_ps

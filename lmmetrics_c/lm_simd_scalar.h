@@ -3,27 +3,7 @@
 #ifndef LM_INTERNAL_H
 #error "lm_simd_scalar.h is not a standalone header: lm_isa_scalar.c includes it after lm_internal.h"
 #endif
-#undef LMV_W
-#undef lmv_set1
-#undef lmv_add
-#undef lmv_sub
-#undef lmv_mul
-#undef lmv_div
-#undef lmv_fma
-#undef lmv_max
-#undef lmv_min
-#undef lmv_store
-#undef lmv_abs
-#undef lmv_copysign
-#undef lmv_scale
-#undef lmv_pow2q
-#undef lmv_sel_n0
-#undef lmv_zero_below
-#undef lmv_loadu
-#undef lmv_any_eq
-#undef lmv_acc_t
-#undef lmv_acc_fma
-#undef lmv_acc_sum
+#include "lm_simd_undef.h"
 
 #ifndef LM_SIMD_SCALAR_ONCE
 #define LM_SIMD_SCALAR_ONCE

@@ -8,7 +8,10 @@ read-only pass over the same buffer (each SIMD path's float max loop with
 eight chains, with and without a software prefetch: the fastest is used,
 and named), for one thread and for all threads, in each dtype; ``evaluate``
 against the NLL alone; ``kl_divergence`` against a read of both buffers;
-and the small call (one row) against torch's ``F.cross_entropy``.
+the NLL against torch's eager ``F.cross_entropy`` and, when asked
+(``compile=True``: a compile per dtype, tens of seconds each), the same
+function under ``torch.compile``, at each thread count; and the small call
+(one row) against torch's ``F.cross_entropy``.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from ._types import I64Array
 from .evaluation import evaluate
 from .metrics import cross_entropy, kl_divergence
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 SMALL_VOCAB = 32000  # the small call: one row of a Llama-2-sized vocabulary
 
 
@@ -50,8 +53,8 @@ def make_logits(tokens: int, vocab: int, dtype: str, seed: int = 0, scale: float
         z[i:i + 256] = rng.standard_normal((min(256, tokens - i), vocab), dtype=np.float32) * scale
     if dtype == "float32":
         return z
-    if dtype == "float16":
-        return z.astype(np.float16)
+    if dtype in ("float16", "float64"):
+        return z.astype(dtype)
     try:
         import ml_dtypes
     except ImportError:
@@ -120,17 +123,31 @@ def _torch() -> Any:
     return torch
 
 
-def torch_time(z: npt.NDArray[Any], targets: I64Array, threads: int, repeat: int) -> Optional[float]:
-    """The best time of torch's F.cross_entropy (sum) on the same logits,
-    None when torch is not installed."""
+def torch_cross_entropy(compiled: bool) -> Optional[Callable[[Any, Any], Any]]:
+    """torch's F.cross_entropy (sum), under torch.compile when `compiled`;
+    None without torch (or torch.compile)."""
     torch = _torch()
-    if torch is None:
+    if torch is None or (compiled and not hasattr(torch, "compile")):
+        return None
+
+    def ce(z: Any, t: Any) -> Any:
+        return torch.nn.functional.cross_entropy(z, t, reduction="sum")
+    return torch.compile(ce) if compiled else ce
+
+
+def torch_time(fn: Optional[Callable[[Any, Any], Any]], z: npt.NDArray[Any], targets: I64Array,
+               threads: int, repeat: int) -> Optional[float]:
+    """The best time of fn (torch_cross_entropy's) on the same logits,
+    None without fn or when torch cannot run it (an older torch without
+    this dtype on the CPU; torch.compile without a working compiler)."""
+    torch = _torch()
+    if fn is None or torch is None:
         return None
     torch.set_num_threads(threads)
     zt, tt = _torch_logits(z), torch.from_numpy(targets)
     try:
-        return best_time(lambda: torch.nn.functional.cross_entropy(zt, tt, reduction="sum"), repeat)
-    except RuntimeError:  # an older torch without this dtype on the CPU
+        return best_time(lambda: fn(zt, tt), repeat)
+    except Exception:  # torch's errors vary by version and backend
         return None
 
 
@@ -156,11 +173,13 @@ def small_call(repeat: int) -> Tuple[float, Optional[float]]:
 
 
 def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repeat: int,
-              print_fn: Callable[[str], None] = print) -> int:
+              print_fn: Callable[[str], None] = print, compile: bool = False) -> int:
     """Print the table; 1 when a summed NLL is off its float64 reference
     by more than 1e-6 relative."""
     status = 0
     have_torch = _torch() is not None
+    eager = torch_cross_entropy(False)
+    compiled = torch_cross_entropy(True) if compile else None
     counts = " and ".join(str(n) for n in sorted({1, threads}))
     print_fn(f"lmmetrics bench: {tokens} x {vocab} logits, SIMD path {_core.active_isa()}, "
              f"{counts} thread(s); read-only pass = the fastest of each SIMD path's max loop, "
@@ -168,8 +187,10 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
              "median ratio of runs timed alternately")
     if not have_torch:
         print_fn("torch is not installed, so there is no \"vs torch\" column or torch row")
+    elif compiled is None:
+        print_fn("(--compile adds a \"vs compile\" column: torch.compile of the same F.cross_entropy)")
     head = (f"{'':30} {'time ms':>9} {'GB/s':>7} {'of read':>8} {'median':>7}" +
-            (f" {'vs torch':>9}" if have_torch else ""))
+            (f" {'vs torch':>9}" if have_torch else "") + (f" {'vs compile':>10}" if compiled else ""))
     targets = np.random.default_rng(1).integers(0, vocab, tokens)
     for dtype in dtypes:
         try:
@@ -190,16 +211,20 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
         if rel > 1e-6:
             print(f"error: the {dtype} result is off the float64 reference by {rel:.1e}", file=sys.stderr)
             status = 1
-        tt = torch_time(z, targets, threads, max(1, repeat // 2))
+        torch_rows = []
         for n in sorted({1, threads}):
             read_fn, name = read_pass([z], n, 2)
             nll_fn = functools.partial(cross_entropy, z, targets, reduction="sum", num_threads=n)
             read, nll, frac = paired(read_fn, nll_fn, repeat)
-            vs = f" {tt / nll:8.1f}x" if tt is not None and n == threads else ""
+            tt = torch_time(eager, z, targets, n, max(1, repeat // 2))
+            tc = torch_time(compiled, z, targets, n, max(1, repeat // 2))
+            vs = (f" {tt / nll:8.1f}x" if tt is not None else f" {'-':>9}" if have_torch else "") + \
+                 (f" {tc / nll:9.2f}x" if tc is not None else f" {'-':>10}" if compiled else "")
             print_fn(f"{'read-only pass, ' + str(n) + ' thread(s)':30} {read * 1e3:9.2f} "
                      f"{z.nbytes / read / 1e9:7.1f} {'':>8} {'':>7}  ({name})")
             print_fn(f"{'cross_entropy, ' + str(n) + ' thread(s)':30} {nll * 1e3:9.2f} "
                      f"{z.nbytes / nll / 1e9:7.1f} {read / nll:8.2f} {frac:7.2f}" + vs)
+            torch_rows += [(f"torch F.cross_entropy, {n}", tt), (f"torch.compile, {n}", tc)]
         # nll_fn: the NLL on all threads (the loop's last)
         nll, ev, ev_frac = paired(nll_fn, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
         print_fn(f"{'evaluate, ' + str(threads) + ' thread(s)':30} {ev * 1e3:9.2f} {z.nbytes / ev / 1e9:7.1f} "
@@ -213,9 +238,10 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
             print_fn(f"{'kl_divergence, ' + str(threads) + ' thread(s)':30} {kl * 1e3:9.2f} "
                      f"{2 * model.nbytes / kl / 1e9:7.1f} {read / kl:8.2f} {kl_frac:7.2f}  "
                      f"(of a read of both buffers, {name})")
-        if tt is not None:
-            print_fn(f"{'torch F.cross_entropy, ' + str(threads):30} {tt * 1e3:9.2f} {z.nbytes / tt / 1e9:7.1f}")
-        elif have_torch:
+        for label, tt in torch_rows:
+            if tt is not None:
+                print_fn(f"{label:30} {tt * 1e3:9.2f} {z.nbytes / tt / 1e9:7.1f}")
+        if have_torch and eager is not None and all(tt is None for label, tt in torch_rows[::2]):
             print_fn(f"torch: no CPU {dtype} cross_entropy in this version")
         del z  # one dtype's buffers at a time
         if half:

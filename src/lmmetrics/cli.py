@@ -48,7 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
     from ._bench_cpu import DTYPES as CPU_DTYPES, bench_cpu
 
     return bench_cpu(args.tokens, args.vocab, CPU_DTYPES if args.dtype is None else (args.dtype,),
-                     args.threads or _core.max_threads(), args.repeat)
+                     args.threads or _core.max_threads(), args.repeat, compile=args.compile)
 
 
 def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
@@ -287,10 +287,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
     b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
     b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
-    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="logits dtype (default: each of the three)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default=None,
+                   help="logits dtype (default: each)")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the OpenMP default)")
     b.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions, best kept (default 5)")
+    b.add_argument("--compile", action="store_true",
+                   help="add a torch.compile column (CPU; compiles once per dtype, tens of seconds each)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the native kernel (default); cuda: the CUDA path (Triton, needs torch "
                         "and triton) against a read-only pass and F.cross_entropy")

@@ -29,6 +29,10 @@ static double rng_normal(void) {
 
 /* a random element of the dtype, stored at buf[i]; returns its value */
 static double put(void *buf, int dtype, int64_t i, double x) {
+    if (dtype == LM_F64) {
+        ((double *)buf)[i] = x;
+        return x;
+    }
     if (dtype == LM_F32) {
         ((float *)buf)[i] = (float)x;
         return ((float *)buf)[i];
@@ -110,7 +114,8 @@ static void expect(int ok, const char *what, const char *unit, int dtype, int64_
 
 static void check_state(const char *unit, const lm_state *st, const ref_t *ref, int dtype, int64_t n,
                         int flags, double cap) {
-    double tol = cap > 0 ? 2e-5 : 4e-6; /* float lanes; a softcap in float */
+    /* float lanes (a softcap in float); double lanes: float64's contract */
+    double tol = dtype == LM_F64 ? 1e-13 : cap > 0 ? 2e-5 : 4e-6;
     double lse, ent;
     if (st->exact) return; /* the driver's exact path */
     expect(!st->nan, "nan flag", unit, dtype, n, flags, st->nan, 0);
@@ -141,12 +146,12 @@ int main(void) {
                                     LM_WANT_REF, LM_WANT_REF | LM_WANT_CAP,
                                     LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF,
                                     LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF | LM_WANT_CAP};
-    static const int dtypes[] = {LM_F32, LM_F16, LM_BF16};
+    static const int dtypes[] = {LM_F32, LM_F16, LM_BF16, LM_F64};
     const lm_unit *unit = &LM_TEST_UNIT;
     const int64_t nmax = 32768;
-    void *zb = malloc(nmax * 4), *rb = malloc(nmax * 4);
+    void *zb = malloc(nmax * 8), *rb = malloc(nmax * 8);
     double *z = malloc(nmax * sizeof(double)), *r = malloc(nmax * sizeof(double));
-    for (int di = 0; di < 3; di++) {
+    for (int di = 0; di < 4; di++) {
         int dtype = dtypes[di];
         if (!unit->kernels[dtype]) continue;
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
@@ -176,7 +181,7 @@ int main(void) {
                     check_state("scalar", &sc, &ref, dtype, n, flags, cap);
                     if (!st.exact && !sc.exact) {
                         double a = st.shift + log(st.sum), b = sc.shift + log(sc.sum);
-                        expect(close_to(a, b, 4e-6), "unit vs scalar", "unit", dtype, n, flags, a,
+                        expect(close_to(a, b, dtype == LM_F64 ? 1e-13 : 4e-6), "unit vs scalar", "unit", dtype, n, flags, a,
                                b);
                         if (flags & LM_WANT_AMAX)
                             expect(st.argmax == sc.argmax, "argmax vs scalar", "unit", dtype, n, flags,
