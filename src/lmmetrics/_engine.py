@@ -40,28 +40,30 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)
     said = check_shift(shift)
-    if said is None and targets is not None:  # without targets (entropy, KL) there is nothing to align
-        _shift_must_be_said(logits, reference)
+    if said is None and targets is not None and (type(logits) is not np.ndarray or reference is not None):
+        _shift_must_be_said(logits, reference)  # (without targets, entropy and KL, nothing to align)
     logits, reference = model_logits(logits), model_logits(reference)
     if said:
         logits, targets, reference = shifted(logits, targets, reference)
     if (kl or ref_nll) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
-    want = dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll)
     if isinstance(logits, Projected) or isinstance(reference, Projected):
-        return run_lazy(run, logits, targets, reference, ignore, cap, threads, want)
+        return run_lazy(run, logits, targets, reference, ignore, cap, threads,
+                        dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll))
     if is_cuda(logits) or is_cuda(reference):  # a GPU backend: Triton, else torch
         from . import _cuda
 
         c_lg = _cuda.describe(logits)
         c_ref = None if reference is None else _cuda.describe(reference, "reference_logits")
-        out = allocate(c_lg, c_ref, targets, ignore, check_range=True, **want)
+        out = allocate(c_lg, c_ref, targets, ignore, check_range=True, nll=nll, entropy=entropy, argmax=argmax,
+                       kl=kl, ref_nll=ref_nll)
         if c_lg.n_rows:
             _cuda.compute(c_lg, c_ref, out, ignore, cap)
         return out
     lg = as_logits(logits)
     ref = None if reference is None else as_logits(reference, "reference_logits")
-    out = allocate(lg, ref, targets, ignore, check_range=False, **want)
+    out = allocate(lg, ref, targets, ignore, check_range=False, nll=nll, entropy=entropy, argmax=argmax, kl=kl,
+                   ref_nll=ref_nll)
     if lg.n_rows:
         _native.compute(lg, ref, out, cap, threads)
     return out

@@ -15,7 +15,7 @@ import numpy as np
 from . import _core
 from ._errors import ROW_STATUSES, Status, row_error, target_error
 from ._inputs import Logits, as_logits, row_chunks
-from ._request import OUTPUTS, RowResults, fsum
+from ._request import RowResults, fsum, outputs_of
 
 def compute(lg: Logits, ref: Optional[Logits], out: RowResults, cap: float, threads: int) -> None:
     """Fill out's arrays, its counted rows and its NLL sum (lg has rows)."""
@@ -51,7 +51,7 @@ def _pass(lg: Logits, ref: Optional[Logits], out: RowResults, rows: Optional[sli
         logits=(lg.ptr, lg.row_stride, lg.outer_stride),
         reference=(ref.ptr, ref.row_stride, ref.outer_stride) if ref else None,
         targets=tgt, ignore_index=out.ignore_index, softcap=cap,
-        outputs=tuple(getattr(o, k) for k in OUTPUTS), num_threads=threads)
+        outputs=outputs_of(o), num_threads=threads)
     if not status:
         return nll_sum, n_counted
     if status == Status.LM_ERR_TARGET and tgt is not None:

@@ -6,6 +6,7 @@ RowResults; none imports the engine."""
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Tuple, TypeVar
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 OUTPUTS: Tuple[str, ...] = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
 #: the integer ones (-1 where a row is not counted; the others 0)
 INDEX_OUTPUTS = ("argmax", "ref_argmax")
+_DTYPES = tuple((name, np.int64 if name in INDEX_OUTPUTS else np.float64) for name in OUTPUTS)
+#: a RowResults' outputs as a tuple in OUTPUTS' order (None where not computed)
+outputs_of = attrgetter(*OUTPUTS)
 
 #: the float64 per-row outputs of a pass, and the int64 ones
 FloatOutput = Literal["nll", "entropy", "kl", "ref_nll"]
@@ -117,11 +121,10 @@ def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, 
         tgt = None
     n = lg.n_rows
     out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
-    wanted = dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_argmax=ref is not None and argmax,
-                  ref_nll=ref is not None and ref_nll)
-    for name in OUTPUTS:
-        if wanted[name]:
-            setattr(out, name, np.empty(n, np.int64 if name in INDEX_OUTPUTS else np.float64))
+    wanted = (nll, entropy, argmax, kl, ref is not None and argmax, ref is not None and ref_nll)  # OUTPUTS' order
+    for (name, dtype), on in zip(_DTYPES, wanted):
+        if on:
+            setattr(out, name, np.empty(n, dtype))
     return out
 
 
