@@ -266,3 +266,29 @@ def test_a_model_that_returns_no_logits_tensor_is_named(returned, said):
 
     with pytest.raises(TypeError, match=said + ".*torch.Tensor of logits"):
         lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4)
+
+
+def test_progress_bar_counts_the_windows_and_can_be_turned_off(monkeypatch):
+    tqdm_auto = pytest.importorskip("tqdm.auto")
+    bars = []
+
+    class Recorder:
+        def __init__(self, total, **kw):
+            self.total, self.n, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm_auto, "tqdm", Recorder)
+    model = lambda x: torch.zeros(*x.shape, 11)  # noqa: E731
+    lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, batch_size=2)
+    assert len(bars) == 1 and bars[0].n == bars[0].total >= 3 and bars[0].closed
+    lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, progress=False)
+    assert len(bars) == 1

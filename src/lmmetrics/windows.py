@@ -4,6 +4,7 @@ rolling log-likelihood, the transformers guide "Perplexity of fixed-length
 models", and the longest context for every token."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from ._checks import check_positive_int
@@ -83,7 +84,7 @@ _WINDOWS = {"lm-eval": _lm_eval_windows, "hf-guide": _hf_guide_windows,
 def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = None,
                        convention: str = "lm-eval", prefix_token: Optional[int] = None,
                        batch_size: int = 1, num_threads: Optional[int] = None,
-                       materialize: bool = True) -> torch.Tensor:
+                       materialize: bool = True, progress: bool = True) -> torch.Tensor:
     """Per-token NLL (nats) of a long text scored by windows of at most
     ``max_length`` tokens.
 
@@ -150,6 +151,9 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         Face causal LM) runs its body, and its head is applied a bounded
         chunk of rows at a time (:func:`lmmetrics.model_logits`, checked
         against the model's own forward on the first batch).
+    progress : bool, default True
+        A progress bar over the windows (tqdm, when installed, on a terminal
+        only); False turns it off.
 
     Returns
     -------
@@ -200,9 +204,12 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     seq_cpu = seq.to("cpu", torch.long)
 
     out = None
-    with torch.no_grad():
+    bar = _progress_bar(len(windows), progress)
+    with torch.no_grad(), bar if bar is not None else contextlib.nullcontext():
         for s in range(0, len(windows), batch_size):
             batch = windows[s:s + batch_size]
+            if bar is not None:
+                bar.update(len(batch))
             width = max(b - a for a, b, _, _ in batch)
             rows = []
             for a, b, _, _ in batch:
@@ -243,3 +250,15 @@ def _returned_logits(res: Any) -> torch.Tensor:
     raise TypeError(f"model(windows) returned {what}; it must return a torch.Tensor of logits (B, L, V) "
                     f"or an object with such a .logits (wrap the model, e.g. lambda x: model(x)[0], "
                     f"or call it with return_dict=True)")
+
+
+def _progress_bar(total: int, progress: bool) -> Any:
+    """A tqdm bar over ``total`` windows (shown on a terminal only), or None
+    without tqdm or with progress=False."""
+    if not progress or total < 2:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="window", desc="sliding_window_nll", disable=None, leave=False)
