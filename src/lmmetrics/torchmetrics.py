@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from torch.nn import Module
 from torchmetrics import Metric
-from torchmetrics.utilities.data import apply_to_collection
 
 from .evaluation import Evaluator, Metrics, state_from_floats
 
@@ -57,13 +56,15 @@ class _EvaluatorMetric(Metric):
         this = super()._apply(fn, exclude_state=list(self._defaults))
         assert isinstance(this, _EvaluatorMetric)  # Module._apply returns self
 
-        def move(x: Any) -> Any:
+        def move(x: Any) -> Any:  # a tensor, a dict of them (compute's results), None
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
             return x.to(this.device) if isinstance(x, torch.Tensor) else x
 
         for k, v in this._defaults.items():
             this._defaults[k] = move(v)
             setattr(this, k, move(getattr(this, k)))
-        this._computed, this._forward_cache = (apply_to_collection(c, torch.Tensor, move) for c in cached)
+        this._computed, this._forward_cache = (move(c) for c in cached)
         return this
 
     def update(self, preds: Any, target: Any, *, reference_logits: Any = None) -> None:
