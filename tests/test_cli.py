@@ -13,6 +13,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _core
+from helpers import ref_nll
 
 SCRIPT = shutil.which("lmmetrics", path=os.path.dirname(sys.executable)) or shutil.which("lmmetrics")
 
@@ -274,3 +275,67 @@ def test_score_shift_pt_dump(files, tmp_path):
     got = json.loads(run("score", tmp_path / "dump.pt", tmp_path / "dump.pt", "--key", "logits", "--shift",
                          "--json", "--chunk-mb", 0.05).stdout)
     check(got, lmmetrics.evaluate(z, lab, shift=True).as_dict())
+
+
+def main_json(capsys, *args):
+    """Run the CLI in this process; its stdout parsed as strict JSON (NaN,
+    Infinity and -Infinity, which Python's json accepts, are refused)."""
+    from lmmetrics.cli import main
+
+    assert main([str(a) for a in args]) == 0
+    out = capsys.readouterr().out
+
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(out, parse_constant=refuse)
+
+
+def main_error(capsys, *args):
+    """Run the CLI in this process: exit 2 with a one-line error."""
+    from lmmetrics.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_json_is_strict_null_for_nan_and_inf(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    np.save(tmp_path / "ignored.npy", np.full(t.shape, -100))
+    got = main_json(capsys, "score", d / "z.npy", tmp_path / "ignored.npy", "--json", "--token-bytes", d / "tb.npy")
+    assert got["tokens"] == 0 and got["bytes"] == 0
+    assert got["loss"] is got["perplexity"] is got["bits_per_byte"] is got["entropy"] is None
+    np.save(tmp_path / "zero_bytes.npy", np.zeros(700, np.int64))
+    got = main_json(capsys, "score", d / "z.npy", d / "t.npy", "--json", "--token-bytes", tmp_path / "zero_bytes.npy")
+    assert got["bits_per_byte"] is None  # inf: no byte counted
+    assert got["loss"] == pytest.approx(float(ref_nll(z, t)[t >= 0].mean()), abs=2e-6)
+    # compare on 3 tokens: no correlation (NaN)
+    few = np.full(t.shape, -100)
+    few[1, :3] = t[1, :3]
+    np.save(tmp_path / "few.npy", few)
+    got = main_json(capsys, "compare", d / "r.npy", d / "z.npy", tmp_path / "few.npy", "--json")
+    assert got["tokens"] == 3 and got["correlation"] is None
+
+
+def test_compare_on_zero_rows(tmp_path, capsys):
+    np.save(tmp_path / "z.npy", np.zeros((0, 5), np.float32))
+    np.save(tmp_path / "t.npy", np.zeros(0, np.int64))
+    err = main_error(capsys, "compare", tmp_path / "z.npy", tmp_path / "z.npy", tmp_path / "t.npy")
+    assert "no counted token to compare" in err and "holds no positions" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("score", "z.npy", "t.npy", "--chunk-mb", "1e308"), "--chunk-mb: must be above 0 and at most"),
+    (("score", "z.npy", "t.npy", "--chunk-mb", "inf"), "--chunk-mb"),
+    (("score", "z.npy", "t.npy", "--chunk-mb", "0"), "--chunk-mb"),
+    (("bench", "--vocab", "1"), "--vocab: must be at least 2"),
+])
+def test_out_of_range_numbers_are_one_line_errors(files, capsys, args, needle):
+    d = files[0]
+    err = main_error(capsys, *[d / a if a.endswith(".npy") else a for a in args])
+    assert needle in err

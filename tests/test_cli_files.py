@@ -627,3 +627,44 @@ def test_targets_key(hf_files):
     want = lmmetrics.compare(z, y, reference_logits=r).as_dict()
     assert cmp["tokens"] == want["tokens"]
     assert cmp["kld"]["mean"]["value"] == pytest.approx(want["kld"]["mean"]["value"], rel=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# Files the Python API reads that the command line must read too
+
+
+def _nll_mean(z, t):
+    """float64 mean NLL (scipy), the reference for the files below."""
+    from helpers import ref_nll
+
+    return float(ref_nll(z, t).mean())
+
+
+@pytest.mark.parametrize("fmt", ["npy", "npz"])
+def test_big_endian_logits_and_targets(tmp_path, fmt):
+    rng = np.random.default_rng(3)
+    z = (rng.standard_normal((2, 6, 50)) * 3).astype(">f4")
+    t = rng.integers(0, 50, (2, 6)).astype(">i8")
+    if fmt == "npy":
+        np.save(tmp_path / "z.npy", z)
+        np.save(tmp_path / "t.npy", t)
+        files = (tmp_path / "z.npy", tmp_path / "t.npy")
+    else:
+        np.savez(tmp_path / "zt.npz", logits=z, targets=t)
+        files = (tmp_path / "zt.npz", tmp_path / "zt.npz")
+    res = run("score", *files, "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["loss"] == pytest.approx(_nll_mean(z, t), abs=2e-6)
+
+
+def test_legacy_pt_is_read(tmp_path):
+    """torch.save's pre-1.6 (non-zip) format cannot be memory-mapped: read whole."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    z = (rng.standard_normal((7, 40)) * 3).astype(np.float32)
+    t = rng.integers(0, 40, 7)
+    torch.save({"logits": torch.from_numpy(z), "targets": torch.from_numpy(t)}, tmp_path / "old.pt",
+               _use_new_zipfile_serialization=False)
+    res = run("score", tmp_path / "old.pt", tmp_path / "old.pt", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["loss"] == pytest.approx(_nll_mean(z, t), abs=2e-6)

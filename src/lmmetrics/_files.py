@@ -1,7 +1,7 @@
 """Arrays from files, for the command line, without reading them whole where
 the format allows: ``.npy`` and ``.safetensors`` are memory-mapped, ``.pt``
-is loaded with ``mmap=True``; ``.npz`` members are read when opened (zip
-members cannot be mapped).
+is loaded with ``mmap=True`` (a legacy, non-zip ``.pt`` is read whole);
+``.npz`` members are read when opened (zip members cannot be mapped).
 
 Only regular files are opened (a FIFO or a device named ``x.npy`` would
 block or never end), and every problem with a file, down to a malformed
@@ -14,6 +14,7 @@ import os
 import stat
 import struct
 import warnings
+import zipfile
 from collections import Counter
 from functools import partial
 from typing import Any, Callable, Dict, FrozenSet, List, NoReturn, Optional, Tuple, Union
@@ -315,7 +316,8 @@ def _pt(path: str) -> Dict[str, Callable[[], Any]]:
     try:
         with warnings.catch_warnings():  # torch's deprecation notes on sparse / quantized storage
             warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            # only the zip format (torch >= 1.6's default) can be mapped; a legacy file is read whole
+            obj = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path), weights_only=True)
     except Exception as e:  # torch raises many kinds for a bad file
         raise FileError(f"{path}: cannot load as a torch file ({_why(e)})") from None
     if isinstance(obj, torch.Tensor):

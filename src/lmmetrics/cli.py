@@ -51,11 +51,17 @@ def _bench(args: argparse.Namespace) -> int:
                      args.threads or _core.max_threads(), args.repeat)
 
 
+def _dtype_name(x: Any) -> str:
+    """float32, bfloat16, int64, ... whatever the byte order (numpy's
+    ``>f4`` is float32), or torch's ``torch.float32``."""
+    return str(getattr(x.dtype, "name", x.dtype))
+
+
 def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
     """A logits array as (rows, V) without copying (numpy or torch)."""
     if len(x.shape) < 1 or x.shape[-1] < 1:
         raise InputError(f"{name} must be shaped (..., vocab), got {tuple(x.shape)}")
-    if "float" not in str(x.dtype):
+    if "float" not in _dtype_name(x):
         raise InputError(f"{name} must hold float logits, got dtype {x.dtype}")
     if vocab is not None and x.shape[-1] != vocab:
         raise InputError(f"{name} has a vocabulary of {x.shape[-1]}, the logits {vocab}")
@@ -63,7 +69,7 @@ def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
 
 
 def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets") -> npt.NDArray[np.integer[Any]]:
-    kind = str(getattr(t, "dtype", ""))
+    kind = _dtype_name(t) if hasattr(t, "dtype") else ""
     if "int" not in kind:
         raise InputError(f"{name} must hold integers, got dtype {kind}")
     if tuple(t.shape) != tuple(logits_shape[:-1]):
@@ -110,8 +116,20 @@ def _score(args: argparse.Namespace) -> int:
     for zc, _, tc in _pieces(raw, None, t, 1, args):
         ev.update(zc, tc)
     m = ev.compute()
-    print(json.dumps(m.as_dict()) if args.json else m)
+    print(_json(m.as_dict()) if args.json else m)
     return 0
+
+
+def _json(d: Dict[str, Any]) -> str:
+    """Strict JSON (RFC 8259): a NaN or infinite value (no counted token,
+    no byte, too few tokens for an uncertainty) is written as null."""
+    def finite(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        return x
+    return json.dumps(finite(d), allow_nan=False)
 
 
 def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
@@ -178,6 +196,8 @@ def _compare(args: argparse.Namespace) -> int:
             ids = ids.reshape(-1)
             keep = ids >= 0 if args.ignore_index is None else (ids >= 0) & (ids != args.ignore_index)
             counted_ids.append(ids[keep])
+    if not parts:
+        raise InputError(f"no counted token to compare: {args.logits} holds no positions")
     values = [np.concatenate(p) for p in zip(*parts)]
     cmp = comparison_from_tokens(*values)
     bpb: Optional[Tuple[float, float]] = None
@@ -190,7 +210,7 @@ def _compare(args: argparse.Namespace) -> int:
         d = cmp.as_dict()
         if bpb is not None:
             d["bits_per_byte"], d["bits_per_byte_ref"] = bpb
-        print(json.dumps(d))
+        print(_json(d))
     else:
         print(cmp)
         if bpb is not None:
@@ -226,13 +246,23 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
 
 
-def _positive_float(text: str) -> float:
+def _vocab(text: str) -> int:
+    v = _positive_int(text)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (one token is certain: its loss is 0), got {text!r}")
+    return v
+
+
+_MAX_CHUNK_MB = 2.0 ** 20  # 1 TiB
+
+
+def _chunk_mb(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not 0 < v <= _MAX_CHUNK_MB:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {_MAX_CHUNK_MB:.0f} (1 TiB), got {text!r}")
     return v
 
 
@@ -259,14 +289,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                                              "file (default: its only array, or the one named targets or labels)")
     files.add_argument("--ignore-index", type=int, default=-100,
                        help="targets equal to this (and negative ones) are ignored (default -100)")
-    files.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    files.add_argument("--json", action="store_true",
+                       help="print one line of strict JSON instead of a table (null where a value is NaN or "
+                            "infinite: no counted token, no byte, too few tokens for an uncertainty)")
     files.add_argument("--quiet", action="store_true", help="no progress bar")
     files.add_argument("--threads", type=_positive_int, default=None,
                        help="threads (default: the OpenMP default)")
     files.add_argument("--shift", action="store_true",
                        help="unshifted (Hugging Face) targets: position t of the logits is scored against "
                             "targets[..., t + 1], the last position of each sequence dropped")
-    files.add_argument("--chunk-mb", type=_positive_float, default=256.0,
+    files.add_argument("--chunk-mb", type=_chunk_mb, default=256.0,
                        help="logits read per step, in MiB (default 256)")
     s = sub.add_parser("score", parents=[files], help="every metric of saved logits and targets",
                        description="LOGITS (..., V) and TARGETS (...) from .npy (memory-mapped), .npz, "
@@ -286,7 +318,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="apply c * tanh(z / c) to both logits first")
     b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
     b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
-    b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
+    b.add_argument("--vocab", type=_vocab, default=128256, help="vocabulary size, at least 2 (default 128256)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="logits dtype (default: each of the three)")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the OpenMP default)")
