@@ -1,6 +1,7 @@
 """The real ``lmmetrics`` console script, in a subprocess, on files written
 here (npy, npz, safetensors, pt), checked against the Python API."""
 import json
+import math
 import importlib.util
 import os
 import shutil
@@ -91,13 +92,13 @@ def test_score_npz_safetensors_pt(files):
 
 def test_compare(files):
     d, z, r, t, tb = files
-    got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--json", "--chunk-mb", 0.02).stdout)
+    got = json.loads(run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy", "--json", "--chunk-mb", 0.02).stdout)
     want = lmmetrics.compare(z, t, reference_logits=r).as_dict()
     assert got["tokens"] == want["tokens"]
     for k in ("ppl", "ppl_ref", "ratio", "delta_ppl", "same_top", "rms_delta_p"):
         assert got[k]["value"] == pytest.approx(want[k]["value"], rel=1e-9), k
     assert got["kld"]["percentiles"]["99%"] == pytest.approx(want["kld"]["percentiles"]["99%"], rel=1e-9)
-    assert "Mean    KLD" in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
+    assert "Mean    KLD" in run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy").stdout
 
 
 def _hf_labels(t):
@@ -136,7 +137,7 @@ def test_compare_shift_softcap_token_bytes(files, tmp_path, chunk_mb):
     d, z, r, t, tb = files
     lab = _hf_labels(t)
     np.save(tmp_path / "lab.npy", lab)
-    args = ("compare", d / "r.npy", d / "z.npy", tmp_path / "lab.npy", "--shift", "--softcap", 5,
+    args = ("compare", d / "z.npy", tmp_path / "lab.npy", "--reference", d / "r.npy", "--shift", "--softcap", 5,
             "--token-bytes", d / "tb.npy", "--chunk-mb", chunk_mb)
     got = json.loads(run(*args, "--json").stdout)
     _same_comparison(got, lmmetrics.compare(z, lab, reference_logits=r, shift=True, softcap=5.0).as_dict())
@@ -151,12 +152,12 @@ def test_compare_shift_softcap_token_bytes(files, tmp_path, chunk_mb):
 
 def test_compare_token_bytes_without_shift(files):
     d, z, r, t, tb = files
-    got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--token-bytes", d / "tb.npy",
+    got = json.loads(run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy", "--token-bytes", d / "tb.npy",
                          "--json", "--chunk-mb", 0.02).stdout)
     _same_comparison(got, lmmetrics.compare(z, t, reference_logits=r).as_dict())
     assert got["bits_per_byte"] == pytest.approx(lmmetrics.bits_per_byte(z, t, tb), rel=1e-9)
     assert got["bits_per_byte_ref"] == pytest.approx(lmmetrics.bits_per_byte(r, t, tb), rel=1e-9)
-    assert "bits per byte" not in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
+    assert "bits per byte" not in run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy").stdout
 
 
 def test_shift_needs_a_sequence_axis(tmp_path):
@@ -188,7 +189,7 @@ def test_errors_are_one_line_and_exit_2(files, case, needle):
         "dtype": ("score", d / "t.npy", d / "t.npy"),
         "target_dtype": ("score", d / "z.npy", d / "zf.npy"),
         "token_bytes": ("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "t.npy"),
-        "ref_rows": ("compare", d / "short_ref.npy", d / "z.npy", d / "t.npy"),
+        "ref_rows": ("compare", d / "z.npy", d / "t.npy", "--reference", d / "short_ref.npy"),
         "key": ("score", d / "two.safetensors", d / "t.npy"),
     }[case]
     res = run(*args, ok=False)
@@ -318,14 +319,14 @@ def test_json_is_strict_null_for_nan_and_inf(files, tmp_path, capsys):
     few = np.full(t.shape, -100)
     few[1, :3] = t[1, :3]
     np.save(tmp_path / "few.npy", few)
-    got = main_json(capsys, "compare", d / "r.npy", d / "z.npy", tmp_path / "few.npy", "--json")
+    got = main_json(capsys, "compare", d / "z.npy", tmp_path / "few.npy", "--reference", d / "r.npy", "--json")
     assert got["tokens"] == 3 and got["correlation"] is None
 
 
 def test_compare_on_zero_rows(tmp_path, capsys):
     np.save(tmp_path / "z.npy", np.zeros((0, 5), np.float32))
     np.save(tmp_path / "t.npy", np.zeros(0, np.int64))
-    err = main_error(capsys, "compare", tmp_path / "z.npy", tmp_path / "z.npy", tmp_path / "t.npy")
+    err = main_error(capsys, "compare", tmp_path / "z.npy", tmp_path / "t.npy", "--reference", tmp_path / "z.npy")
     assert "no counted token to compare" in err and "holds no positions" in err
 
 
@@ -339,3 +340,65 @@ def test_out_of_range_numbers_are_one_line_errors(files, capsys, args, needle):
     d = files[0]
     err = main_error(capsys, *[d / a if a.endswith(".npy") else a for a in args])
     assert needle in err
+
+
+def _ref_compare_nll(z, r, t):
+    """float64 (scipy) mean NLL of the model and of the reference."""
+    keep = t >= 0
+    return float(ref_nll(z, t)[keep].mean()), float(ref_nll(r, t)[keep].mean())
+
+
+def test_compare_takes_the_reference_by_name(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    got = main_json(capsys, "compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy", "--json")
+    nll_m, nll_r = _ref_compare_nll(z, r, t)
+    assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+    assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
+    # the old positional form, in either order, is refused with the new form spelled out
+    for old in ((d / "r.npy", d / "z.npy", d / "t.npy"), (d / "z.npy", d / "r.npy", d / "t.npy")):
+        err = main_error(capsys, "compare", *old)
+        assert "compare takes LOGITS TARGETS --reference REFERENCE_LOGITS" in err
+        err = main_error(capsys, "compare", *old, "--reference", d / "r.npy")
+        assert "the old form REFERENCE LOGITS TARGETS is refused" in err
+    assert "--reference" in main_error(capsys, "compare", d / "z.npy", d / "t.npy")
+
+
+def test_compare_keys_of_each_file(files, tmp_path, capsys):
+    """A reference dump {logits, labels} against a model dump {output,
+    labels}: each file's logits found as score finds them (the array named
+    logits, else the only float array), or named by --key / --reference-key."""
+    d, z, r, t, tb = files
+    np.savez(tmp_path / "base.npz", logits=r, labels=t)
+    np.savez(tmp_path / "quant.npz", output=z, labels=t)
+    np.savez(tmp_path / "two.npz", a=r, b=z, labels=t)
+    nll_m, nll_r = _ref_compare_nll(z, r, t)
+    for extra in ((), ("--key", "output", "--reference-key", "logits")):
+        got = main_json(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
+                        "--reference", tmp_path / "base.npz", "--json", *extra)
+        assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+        assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
+    got = main_json(capsys, "compare", tmp_path / "two.npz", tmp_path / "two.npz", "--reference",
+                    tmp_path / "two.npz", "--key", "b", "--reference-key", "a", "--json")
+    assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+    err = main_error(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
+                     "--reference", tmp_path / "two.npz")
+    assert "name the reference logits one with --reference-key" in err
+
+
+def test_version_and_help(capsys):
+    from lmmetrics import __version__
+    from lmmetrics.cli import main
+
+    for argv in (["--version"], ["--help"], ["score", "--help"], ["compare", "--help"], ["bench", "--help"],
+                 ["info", "--help"], ["demo", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        if argv == ["--version"]:
+            assert out == f"lmmetrics {__version__}\n"
+            continue
+        description = out.split("\n\n")[1]
+        assert description and not description.startswith(("positional", "options")), argv
+        if argv[0] in ("--help", "score", "compare", "bench"):
+            assert "examples:\n  lmmetrics" in out, argv

@@ -412,7 +412,7 @@ def bad_files(tmp_path_factory):
         cases[f"dir{ext}"] = ("score", d / f"dir{ext}", d / "t.npy")
     cases["dir targets"] = ("score", d / "z.npy", d / "dir.npy")
     cases["dir token_bytes"] = ("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "dir.npy")
-    cases["dir reference"] = ("compare", d / "dir.safetensors", d / "z.npy", d / "t.npy")
+    cases["dir reference"] = ("compare", d / "z.npy", d / "t.npy", "--reference", d / "dir.safetensors")
     if os.path.exists("/dev/null"):
         os.symlink("/dev/null", d / "devnull.npy")
         cases["device.npy"] = ("score", d / "devnull.npy", d / "t.npy")
@@ -443,21 +443,21 @@ def bad_files(tmp_path_factory):
         for name in ("sparse.pt", "csr.pt", "meta.pt", "meta_dict.pt", "list.pt", "quantized.pt", "truncated.pt"):
             cases[name] = ("score", d / name, d / "t.npy")
         cases["sparse_targets.pt"] = ("score", d / "sparse_targets.pt", d / "sparse_targets.pt")
-        cases["meta reference"] = ("compare", d / "meta.pt", d / "z.npy", d / "t.npy")
+        cases["meta reference"] = ("compare", d / "z.npy", d / "t.npy", "--reference", d / "meta.pt")
     # options
     zz, tt = d / "z.npy", d / "t.npy"
     for v in ("inf", "-inf", "nan", "0", "-1", "1e400", "x"):
         cases[f"--chunk-mb {v}"] = ("score", zz, tt, f"--chunk-mb={v}")
-    cases["compare --chunk-mb inf"] = ("compare", zz, zz, tt, "--chunk-mb", "inf")
+    cases["compare --chunk-mb inf"] = ("compare", zz, tt, "--reference", zz, "--chunk-mb", "inf")
     cases["--threads 0"] = ("score", zz, tt, "--threads", "0")
-    cases["compare --threads -2"] = ("compare", zz, zz, tt, "--threads=-2")
+    cases["compare --threads -2"] = ("compare", zz, tt, "--reference", zz, "--threads=-2")
     for opt, v in (("--repeat", "0"), ("--repeat", "-1"), ("--tokens", "0"), ("--vocab", "-5"),
                    ("--threads", "0"), ("--tokens", "1.5")):
         cases[f"bench {opt} {v}"] = ("bench", f"{opt}={v}")
     if torch is None or not torch.cuda.is_available():
         cases["bench --device cuda, no CUDA"] = ("bench", "--device", "cuda", "--tokens", "4", "--vocab", "8")
     cases["--targets-key missing"] = ("score", zz, d / "ok.npz", "--targets-key", "nope")
-    cases["--key missing"] = ("compare", d / "ok.npz", d / "ok.npz", tt, "--key", "nope")
+    cases["--key missing"] = ("compare", d / "ok.npz", tt, "--reference", d / "ok.npz", "--key", "nope")
     return cases
 
 
@@ -622,7 +622,7 @@ def test_targets_key(hf_files):
     got = json.loads(run("score", d / "y_named.npz", d / "y_named.npz", "--targets-key", "y", "--json").stdout)
     assert got["nll_sum"] == pytest.approx(want["nll_sum"], rel=1e-9)
     # compare: reference and model logits by --key, targets by --targets-key
-    cmp = json.loads(run("compare", d / "ref.npz", d / "y_named.npz", d / "y_named.npz", "--key", "logits",
+    cmp = json.loads(run("compare", d / "y_named.npz", d / "y_named.npz", "--reference", d / "ref.npz", "--key", "logits",
                          "--targets-key", "y", "--json").stdout)
     want = lmmetrics.compare(z, y, reference_logits=r).as_dict()
     assert cmp["tokens"] == want["tokens"]

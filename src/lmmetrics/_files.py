@@ -24,13 +24,22 @@ import numpy.typing as npt
 
 from ._errors import FileError
 
-__all__ = ["FORMATS", "FileError", "load_array"]
+__all__ = ["FORMATS", "FileError", "dtype_name", "load_array"]
 
 FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 
-# Other names an array may have for a role, when a file holds several and no
-# key is given: Hugging Face dumps name the targets "labels".
-_ALIASES = {"targets": ("targets", "labels")}
+# The names an array may have for a role, when a file holds several and no
+# key is given: Hugging Face dumps name the targets "labels". Logits (a
+# model's or a reference's) are otherwise the file's only float array.
+_ALIASES = {"targets": ("targets", "labels"), "reference logits": ("logits",)}
+_LOGITS_ROLES = ("logits", "reference logits")
+_KEY_FLAGS = {"targets": "--targets-key", "reference logits": "--reference-key"}
+
+
+def dtype_name(x: Any) -> str:
+    """An array's dtype as float32, bfloat16, int64, ... whatever its byte
+    order (numpy's ``>f4`` is float32), or torch's ``torch.float32``."""
+    return str(getattr(x.dtype, "name", x.dtype))
 
 
 def _why(e: BaseException) -> str:
@@ -408,5 +417,10 @@ def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[
     for name in _ALIASES.get(role, (role,)):
         if name in getters:
             return getters[name]()
-    flag = "--targets-key" if role == "targets" else "--key"
+    if role in _LOGITS_ROLES:
+        arrays = {k: getters[k]() for k in names}
+        floats = [k for k, a in arrays.items() if "float" in dtype_name(a)]
+        if len(floats) == 1:
+            return arrays[floats[0]]
+    flag = _KEY_FLAGS.get(role, "--key")
     raise FileError(f"{path} holds several arrays {names}: name the {role} one with {flag}")
