@@ -147,7 +147,7 @@ def test_compare_shift_softcap_token_bytes(files, tmp_path, chunk_mb):
         lmmetrics.bits_per_byte(r, lab, tb, shift=True, softcap=5.0), rel=1e-9)
     table = run(*args).stdout
     line = [x for x in table.splitlines() if x.startswith("bits per byte (model / reference)")]
-    assert len(line) == 1 and line[0].endswith(f"{got['bits_per_byte']:.6f} / {got['bits_per_byte_ref']:.6f}")
+    assert len(line) == 1 and line[0].endswith(f"{got['bits_per_byte']:.6f} / {got['bits_per_byte_ref']:.6f} bits")
 
 
 def test_compare_token_bytes_without_shift(files):
@@ -402,3 +402,29 @@ def test_version_and_help(capsys):
         assert description and not description.startswith(("positional", "options")), argv
         if argv[0] in ("--help", "score", "compare", "bench"):
             assert "examples:\n  lmmetrics" in out, argv
+
+
+def test_compare_format_llama_cpp(files, capsys):
+    from lmmetrics.cli import main
+    from test_compare import llama_text
+
+    d, z, r, t, tb = files
+    args = ["compare", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "r.npy")]
+    assert main(args + ["--format", "llama.cpp"]) == 0
+    out = capsys.readouterr().out
+    assert out == llama_text(lmmetrics.compare(z, t, reference_logits=r))
+    for bad in (["--json"], ["--token-bytes", str(d / "tb.npy")]):
+        assert "needs --format table" in main_error(capsys, *args, "--format", "llama.cpp", *bad)
+
+
+def test_score_table_units(files, capsys):
+    from lmmetrics.cli import main
+
+    d, z, r, t, tb = files
+    assert main(["score", str(d / "z.npy"), str(d / "t.npy"), "--token-bytes", str(d / "tb.npy")]) == 0
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    loss = float(ref_nll(z, t)[t >= 0].mean())
+    assert rows["loss"].endswith(" nats per token") and float(rows["loss"].split()[0]) == pytest.approx(loss, rel=1e-5)
+    assert rows["bits_per_token"].endswith(" bits") and rows["bits_per_byte"].endswith(" bits")
+    assert rows["entropy"].endswith(" nats per token") and rows["accuracy"].endswith(" %")
+    assert rows["nll_sum"].endswith(" nats") and rows["tokens"].isdigit()

@@ -111,8 +111,25 @@ def _score(args: argparse.Namespace) -> int:
     for zc, _, tc in _pieces(raw, None, t, 1, args):
         ev.update(zc, tc)
     m = ev.compute()
-    print(_json(m.as_dict()) if args.json else m)
+    print(_json(m.as_dict()) if args.json else _table(m.as_dict()))
     return 0
+
+
+# score's table: each field of Metrics with its unit (fractions as %)
+_UNITS = {"nll_sum": "nats", "loss": "nats per token", "bits_per_token": "bits",
+          "bits_per_byte": "bits", "accuracy": "%", "entropy": "nats per token", "kl": "nats per token",
+          "same_top": "%"}
+
+
+def _table(d: Dict[str, Any]) -> str:
+    rows = []
+    for k, v in d.items():
+        if v is None:
+            continue
+        unit = _UNITS.get(k, "")
+        text = str(v) if isinstance(v, int) else f"{100 * v if unit == '%' else v:.6g}"
+        rows.append(f"{k:<16}{text}{' ' + unit if unit else ''}")
+    return "\n".join(rows)
 
 
 def _json(d: Dict[str, Any]) -> str:
@@ -173,6 +190,9 @@ def _compare(args: argparse.Namespace) -> int:
         raise InputError(f"compare takes LOGITS TARGETS --reference REFERENCE_LOGITS (got {given!r}"
                          f"{'' if args.reference is None else ' --reference ' + args.reference}); the old form "
                          f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed")
+    if args.format == "llama.cpp" and (args.json or args.token_bytes):
+        raise InputError(f"--format llama.cpp prints llama.cpp's table alone; "
+                         f"{'--json' if args.json else '--token-bytes'} needs --format table")
     raw = load_array(args.logits, "logits", args.key)
     z = _rows(raw, args.logits)
     ref = load_array(args.reference, "reference logits", args.reference_key)
@@ -211,10 +231,12 @@ def _compare(args: argparse.Namespace) -> int:
         if bpb is not None:
             d["bits_per_byte"], d["bits_per_byte_ref"] = bpb
         print(_json(d))
+    elif args.format == "llama.cpp":
+        print(cmp.llama_cpp())
     else:
         print(cmp)
         if bpb is not None:
-            print(f"{'bits per byte (model / reference)':<32}: {bpb[0]:.6f} / {bpb[1]:.6f}")
+            print(f"bits per byte (model / reference): {bpb[0]:.6f} / {bpb[1]:.6f} bits")
     return 0
 
 
