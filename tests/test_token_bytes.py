@@ -259,3 +259,51 @@ def test_end_of_word_suffix_is_one_byte(suffix_tokenizer, text):
         assert decoded == text and table[ids].sum() == utf8(text) + 1
     special = [i for i in tok.all_special_ids if i < len(table)]
     assert special and not table[special].any()
+
+
+# ----------------------------------------------------------------- nanochat's tokenizer objects
+
+class NanochatHF:
+    """The shape of nanochat's HuggingFaceTokenizer (nanochat/tokenizer.py):
+    a tokenizers.Tokenizer as .tokenizer, special tokens added to it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text):
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def get_vocab_size(self):
+        return self.tokenizer.get_vocab_size()
+
+
+class NanochatRustBPE:
+    """The shape of nanochat's RustBPETokenizer: a tiktoken Encoding as .enc."""
+
+    def __init__(self, enc):
+        self.enc = enc
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)
+
+
+def test_nanochat_huggingface_tokenizer(byte_level):
+    tok = NanochatHF(byte_level.__class__.from_str(byte_level.to_str()))
+    tok.tokenizer.add_special_tokens(["<|bos|>", "<|user_start|>"])
+    table = lmmetrics.token_bytes(tok)
+    assert table.shape == (tok.tokenizer.get_vocab_size(with_added_tokens=True),)
+    assert table[tok.tokenizer.token_to_id("<|bos|>")] == 0
+    for text in TEXTS:
+        assert table[tok.encode(text)].sum() == utf8(text)
+
+
+def test_nanochat_rustbpe_tokenizer():
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks[b"th"] = 256
+    enc = tiktoken.Encoding("local", pat_str=r"""\s?\S+|\s+""", mergeable_ranks=ranks,
+                            special_tokens={"<|bos|>": 257})
+    table = lmmetrics.token_bytes(NanochatRustBPE(enc))
+    assert table.shape == (258,) and table[257] == 0
+    for text in TEXTS:
+        assert table[enc.encode_ordinary(text)].sum() == utf8(text)

@@ -126,6 +126,15 @@ def _from_tiktoken(enc: Any) -> I64Array:
     return out
 
 
+def _is_tiktoken(x: Any) -> bool:
+    return hasattr(x, "decode_single_token_bytes") and hasattr(x, "n_vocab")
+
+
+def _is_tokenizers(x: Any) -> bool:
+    """A ``tokenizers.Tokenizer`` (duck-typed)."""
+    return hasattr(x, "to_str") and hasattr(x, "get_added_tokens_decoder")
+
+
 def _integer(x: Any) -> Optional[int]:
     """x as a Python int when it is an integer (int, numpy's integers), not a bool."""
     if isinstance(x, (bool, np.bool_)):
@@ -160,6 +169,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
       wrapping one (``sp_model``).
     * tiktoken ``Encoding`` (``decode_single_token_bytes``).
+    * nanochat's tokenizers: ``RustBPETokenizer`` (its tiktoken ``.enc``) and
+      ``HuggingFaceTokenizer`` (its ``tokenizers.Tokenizer``, ``.tokenizer``).
 
     The sum over an encoding is the byte length of the text the tokenizer
     actually encoded: SentencePiece's dummy prefix (``add_dummy_prefix``, or
@@ -173,7 +184,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     """
     special: Set[int] = set()
     size_hint = 0
-    if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "n_vocab"):
+    # nanochat's tokenizer objects wrap a tiktoken Encoding (RustBPETokenizer.enc)
+    # or a tokenizers.Tokenizer (HuggingFaceTokenizer.tokenizer)
+    if not (_is_tiktoken(tokenizer) or _is_tokenizers(tokenizer) or hasattr(tokenizer, "all_special_ids")):
+        inner = getattr(tokenizer, "enc", None) or getattr(tokenizer, "tokenizer", None)
+        if _is_tiktoken(inner) or _is_tokenizers(inner):
+            tokenizer = inner
+    if _is_tiktoken(tokenizer):
         out = _from_tiktoken(tokenizer)
     else:
         if hasattr(tokenizer, "all_special_ids"):  # transformers
@@ -188,12 +205,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
                     out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
         elif hasattr(tokenizer, "is_byte") and hasattr(tokenizer, "id_to_piece"):
             out = _from_sentencepiece(tokenizer, 0)
-        elif hasattr(tokenizer, "to_str") and hasattr(tokenizer, "get_added_tokens_decoder"):
+        elif _is_tokenizers(tokenizer):
             out = _from_tokenizers(tokenizer, special, 0)
         else:
             raise TypeError(
                 f"token_bytes: unsupported tokenizer {type(tokenizer).__name__}; expected a transformers "
-                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor or a tiktoken Encoding")
+                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding "
+                f"or a nanochat tokenizer")
         for i in special:
             if 0 <= i < out.shape[0]:
                 out[i] = 0
