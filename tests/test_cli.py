@@ -1,6 +1,7 @@
 """The real ``lmmetrics`` console script, in a subprocess, on files written
 here (npy, npz, safetensors, pt), checked against the Python API."""
 import json
+import math
 import importlib.util
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _core
+from helpers import ref_nll
 
 SCRIPT = shutil.which("lmmetrics", path=os.path.dirname(sys.executable)) or shutil.which("lmmetrics")
 
@@ -90,13 +92,13 @@ def test_score_npz_safetensors_pt(files):
 
 def test_compare(files):
     d, z, r, t, tb = files
-    got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--json", "--chunk-mb", 0.02).stdout)
+    got = json.loads(run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy", "--json", "--chunk-mb", 0.02).stdout)
     want = lmmetrics.compare(z, t, reference_logits=r).as_dict()
     assert got["tokens"] == want["tokens"]
     for k in ("ppl", "ppl_ref", "ratio", "delta_ppl", "same_top", "rms_delta_p"):
         assert got[k]["value"] == pytest.approx(want[k]["value"], rel=1e-9), k
     assert got["kld"]["percentiles"]["99%"] == pytest.approx(want["kld"]["percentiles"]["99%"], rel=1e-9)
-    assert "Mean    KLD" in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
+    assert "Mean    KLD" in run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy").stdout
 
 
 def _hf_labels(t):
@@ -135,7 +137,7 @@ def test_compare_shift_softcap_token_bytes(files, tmp_path, chunk_mb):
     d, z, r, t, tb = files
     lab = _hf_labels(t)
     np.save(tmp_path / "lab.npy", lab)
-    args = ("compare", d / "r.npy", d / "z.npy", tmp_path / "lab.npy", "--shift", "--softcap", 5,
+    args = ("compare", d / "z.npy", tmp_path / "lab.npy", "--reference", d / "r.npy", "--shift", "--softcap", 5,
             "--token-bytes", d / "tb.npy", "--chunk-mb", chunk_mb)
     got = json.loads(run(*args, "--json").stdout)
     _same_comparison(got, lmmetrics.compare(z, lab, reference_logits=r, shift=True, softcap=5.0).as_dict())
@@ -145,17 +147,17 @@ def test_compare_shift_softcap_token_bytes(files, tmp_path, chunk_mb):
         lmmetrics.bits_per_byte(r, lab, tb, shift=True, softcap=5.0), rel=1e-9)
     table = run(*args).stdout
     line = [x for x in table.splitlines() if x.startswith("bits per byte (model / reference)")]
-    assert len(line) == 1 and line[0].endswith(f"{got['bits_per_byte']:.6f} / {got['bits_per_byte_ref']:.6f}")
+    assert len(line) == 1 and line[0].endswith(f"{got['bits_per_byte']:.6f} / {got['bits_per_byte_ref']:.6f} bits")
 
 
 def test_compare_token_bytes_without_shift(files):
     d, z, r, t, tb = files
-    got = json.loads(run("compare", d / "r.npy", d / "z.npy", d / "t.npy", "--token-bytes", d / "tb.npy",
+    got = json.loads(run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy", "--token-bytes", d / "tb.npy",
                          "--json", "--chunk-mb", 0.02).stdout)
     _same_comparison(got, lmmetrics.compare(z, t, reference_logits=r).as_dict())
     assert got["bits_per_byte"] == pytest.approx(lmmetrics.bits_per_byte(z, t, tb), rel=1e-9)
     assert got["bits_per_byte_ref"] == pytest.approx(lmmetrics.bits_per_byte(r, t, tb), rel=1e-9)
-    assert "bits per byte" not in run("compare", d / "r.npy", d / "z.npy", d / "t.npy").stdout
+    assert "bits per byte" not in run("compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy").stdout
 
 
 def test_shift_needs_a_sequence_axis(tmp_path):
@@ -187,7 +189,7 @@ def test_errors_are_one_line_and_exit_2(files, case, needle):
         "dtype": ("score", d / "t.npy", d / "t.npy"),
         "target_dtype": ("score", d / "z.npy", d / "zf.npy"),
         "token_bytes": ("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "t.npy"),
-        "ref_rows": ("compare", d / "short_ref.npy", d / "z.npy", d / "t.npy"),
+        "ref_rows": ("compare", d / "z.npy", d / "t.npy", "--reference", d / "short_ref.npy"),
         "key": ("score", d / "two.safetensors", d / "t.npy"),
     }[case]
     res = run(*args, ok=False)
@@ -217,6 +219,23 @@ def test_demo_info_and_bench():
             assert path[0] in _core.ISAS and path[1:] in ([], ["prefetch"]), r
     last = out.strip().splitlines()[-1]
     assert last.startswith("small call (1 x ") and " us" in last, out
+
+
+def test_bench_lazy_times_and_measures_memory():
+    """bench --lazy: a row per variant (seconds, x matmul, peak extra MiB), the
+    memory saved, and the lazy loss checked against the materialized one
+    (status 0 only when they agree); what it cannot time is a one-line
+    error."""
+    pytest.importorskip("torch")
+    out = run("bench", "--lazy", "--tokens", 64, "--vocab", 3000, "--hidden", 64, "--repeat", 1).stdout
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
+    for name in ("matmul", "materialized", "lazy"):
+        assert name in rows and rows[name][-1] == "MiB", out
+        assert float(rows[name][1]) > 0 and float(rows[name][3]) >= 0, out
+    assert "memory saved by lazy logits" in out and "64 x 64 hidden states, a 3000 x 64 head" in out
+    for extra in (["--device", "cuda"], ["--dtype", "float16"], ["--compile"]):
+        res = run("bench", "--lazy", *extra, ok=False)
+        _assert_one_line_exit_2(res, "--lazy times the CPU")
 
 
 def _bench_error(env_extra):
@@ -274,3 +293,155 @@ def test_score_shift_pt_dump(files, tmp_path):
     got = json.loads(run("score", tmp_path / "dump.pt", tmp_path / "dump.pt", "--key", "logits", "--shift",
                          "--json", "--chunk-mb", 0.05).stdout)
     check(got, lmmetrics.evaluate(z, lab, shift=True).as_dict())
+
+
+def main_json(capsys, *args):
+    """Run the CLI in this process; its stdout parsed as strict JSON (NaN,
+    Infinity and -Infinity, which Python's json accepts, are refused)."""
+    from lmmetrics.cli import main
+
+    assert main([str(a) for a in args]) == 0
+    out = capsys.readouterr().out
+
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(out, parse_constant=refuse)
+
+
+def main_error(capsys, *args):
+    """Run the CLI in this process: exit 2 with a one-line error."""
+    from lmmetrics.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_json_is_strict_null_for_nan_and_inf(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    np.save(tmp_path / "ignored.npy", np.full(t.shape, -100))
+    got = main_json(capsys, "score", d / "z.npy", tmp_path / "ignored.npy", "--json", "--token-bytes", d / "tb.npy")
+    assert got["tokens"] == 0 and got["bytes"] == 0
+    assert got["loss"] is got["perplexity"] is got["bits_per_byte"] is got["entropy"] is None
+    np.save(tmp_path / "zero_bytes.npy", np.zeros(700, np.int64))
+    got = main_json(capsys, "score", d / "z.npy", d / "t.npy", "--json", "--token-bytes", tmp_path / "zero_bytes.npy")
+    assert got["bits_per_byte"] is None  # inf: no byte counted
+    assert got["loss"] == pytest.approx(float(ref_nll(z, t)[t >= 0].mean()), abs=2e-6)
+    # compare on 3 tokens: no correlation (NaN)
+    few = np.full(t.shape, -100)
+    few[1, :3] = t[1, :3]
+    np.save(tmp_path / "few.npy", few)
+    got = main_json(capsys, "compare", d / "z.npy", tmp_path / "few.npy", "--reference", d / "r.npy", "--json")
+    assert got["tokens"] == 3 and got["correlation"] is None
+
+
+def test_compare_on_zero_rows(tmp_path, capsys):
+    np.save(tmp_path / "z.npy", np.zeros((0, 5), np.float32))
+    np.save(tmp_path / "t.npy", np.zeros(0, np.int64))
+    err = main_error(capsys, "compare", tmp_path / "z.npy", tmp_path / "t.npy", "--reference", tmp_path / "z.npy")
+    assert "no counted token to compare" in err and "holds no positions" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("score", "z.npy", "t.npy", "--chunk-mb", "1e308"), "--chunk-mb: must be above 0 and at most"),
+    (("score", "z.npy", "t.npy", "--chunk-mb", "inf"), "--chunk-mb"),
+    (("score", "z.npy", "t.npy", "--chunk-mb", "0"), "--chunk-mb"),
+    (("bench", "--vocab", "1"), "--vocab: must be at least 2"),
+])
+def test_out_of_range_numbers_are_one_line_errors(files, capsys, args, needle):
+    d = files[0]
+    err = main_error(capsys, *[d / a if a.endswith(".npy") else a for a in args])
+    assert needle in err
+
+
+def _ref_compare_nll(z, r, t):
+    """float64 (scipy) mean NLL of the model and of the reference."""
+    keep = t >= 0
+    return float(ref_nll(z, t)[keep].mean()), float(ref_nll(r, t)[keep].mean())
+
+
+def test_compare_takes_the_reference_by_name(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    got = main_json(capsys, "compare", d / "z.npy", d / "t.npy", "--reference", d / "r.npy", "--json")
+    nll_m, nll_r = _ref_compare_nll(z, r, t)
+    assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+    assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
+    # the old positional form, in either order, is refused with the new form spelled out
+    for old in ((d / "r.npy", d / "z.npy", d / "t.npy"), (d / "z.npy", d / "r.npy", d / "t.npy")):
+        err = main_error(capsys, "compare", *old)
+        assert "compare takes LOGITS TARGETS --reference REFERENCE_LOGITS" in err
+        err = main_error(capsys, "compare", *old, "--reference", d / "r.npy")
+        assert "the old form REFERENCE LOGITS TARGETS is refused" in err
+    assert "--reference" in main_error(capsys, "compare", d / "z.npy", d / "t.npy")
+
+
+def test_compare_keys_of_each_file(files, tmp_path, capsys):
+    """A reference dump {logits, labels} against a model dump {output,
+    labels}: each file's logits found as score finds them (the array named
+    logits, else the only float array), or named by --key / --reference-key."""
+    d, z, r, t, tb = files
+    np.savez(tmp_path / "base.npz", logits=r, labels=t)
+    np.savez(tmp_path / "quant.npz", output=z, labels=t)
+    np.savez(tmp_path / "two.npz", a=r, b=z, labels=t)
+    nll_m, nll_r = _ref_compare_nll(z, r, t)
+    for extra in ((), ("--key", "output", "--reference-key", "logits")):
+        got = main_json(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
+                        "--reference", tmp_path / "base.npz", "--json", *extra)
+        assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+        assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
+    got = main_json(capsys, "compare", tmp_path / "two.npz", tmp_path / "two.npz", "--reference",
+                    tmp_path / "two.npz", "--key", "b", "--reference-key", "a", "--json")
+    assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+    err = main_error(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
+                     "--reference", tmp_path / "two.npz")
+    assert "name the reference logits one with --reference-key" in err
+
+
+def test_version_and_help(capsys):
+    from lmmetrics import __version__
+    from lmmetrics.cli import main
+
+    for argv in (["--version"], ["--help"], ["score", "--help"], ["compare", "--help"], ["bench", "--help"],
+                 ["info", "--help"], ["demo", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        if argv == ["--version"]:
+            assert out == f"lmmetrics {__version__}\n"
+            continue
+        description = out.split("\n\n")[1]
+        assert description and not description.startswith(("positional", "options")), argv
+        if argv[0] in ("--help", "score", "compare", "bench"):
+            assert "examples:\n  lmmetrics" in out, argv
+
+
+def test_compare_format_llama_cpp(files, capsys):
+    from lmmetrics.cli import main
+    from test_compare import llama_text
+
+    d, z, r, t, tb = files
+    args = ["compare", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "r.npy")]
+    assert main(args + ["--format", "llama.cpp"]) == 0
+    out = capsys.readouterr().out
+    assert out == llama_text(lmmetrics.compare(z, t, reference_logits=r))
+    for bad in (["--json"], ["--token-bytes", str(d / "tb.npy")]):
+        assert "needs --format table" in main_error(capsys, *args, "--format", "llama.cpp", *bad)
+
+
+def test_score_table_units(files, capsys):
+    from lmmetrics.cli import main
+
+    d, z, r, t, tb = files
+    assert main(["score", str(d / "z.npy"), str(d / "t.npy"), "--token-bytes", str(d / "tb.npy")]) == 0
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    loss = float(ref_nll(z, t)[t >= 0].mean())
+    assert rows["loss"].endswith(" nats per token") and float(rows["loss"].split()[0]) == pytest.approx(loss, rel=1e-5)
+    assert rows["bits_per_token"].endswith(" bits") and rows["bits_per_byte"].endswith(" bits")
+    assert rows["entropy"].endswith(" nats per token") and rows["accuracy"].endswith(" %")
+    assert rows["nll_sum"].endswith(" nats") and rows["tokens"].isdigit()

@@ -412,7 +412,7 @@ def bad_files(tmp_path_factory):
         cases[f"dir{ext}"] = ("score", d / f"dir{ext}", d / "t.npy")
     cases["dir targets"] = ("score", d / "z.npy", d / "dir.npy")
     cases["dir token_bytes"] = ("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "dir.npy")
-    cases["dir reference"] = ("compare", d / "dir.safetensors", d / "z.npy", d / "t.npy")
+    cases["dir reference"] = ("compare", d / "z.npy", d / "t.npy", "--reference", d / "dir.safetensors")
     if os.path.exists("/dev/null"):
         os.symlink("/dev/null", d / "devnull.npy")
         cases["device.npy"] = ("score", d / "devnull.npy", d / "t.npy")
@@ -443,21 +443,21 @@ def bad_files(tmp_path_factory):
         for name in ("sparse.pt", "csr.pt", "meta.pt", "meta_dict.pt", "list.pt", "quantized.pt", "truncated.pt"):
             cases[name] = ("score", d / name, d / "t.npy")
         cases["sparse_targets.pt"] = ("score", d / "sparse_targets.pt", d / "sparse_targets.pt")
-        cases["meta reference"] = ("compare", d / "meta.pt", d / "z.npy", d / "t.npy")
+        cases["meta reference"] = ("compare", d / "z.npy", d / "t.npy", "--reference", d / "meta.pt")
     # options
     zz, tt = d / "z.npy", d / "t.npy"
     for v in ("inf", "-inf", "nan", "0", "-1", "1e400", "x"):
         cases[f"--chunk-mb {v}"] = ("score", zz, tt, f"--chunk-mb={v}")
-    cases["compare --chunk-mb inf"] = ("compare", zz, zz, tt, "--chunk-mb", "inf")
+    cases["compare --chunk-mb inf"] = ("compare", zz, tt, "--reference", zz, "--chunk-mb", "inf")
     cases["--threads 0"] = ("score", zz, tt, "--threads", "0")
-    cases["compare --threads -2"] = ("compare", zz, zz, tt, "--threads=-2")
+    cases["compare --threads -2"] = ("compare", zz, tt, "--reference", zz, "--threads=-2")
     for opt, v in (("--repeat", "0"), ("--repeat", "-1"), ("--tokens", "0"), ("--vocab", "-5"),
                    ("--threads", "0"), ("--tokens", "1.5")):
         cases[f"bench {opt} {v}"] = ("bench", f"{opt}={v}")
     if torch is None or not torch.cuda.is_available():
         cases["bench --device cuda, no CUDA"] = ("bench", "--device", "cuda", "--tokens", "4", "--vocab", "8")
     cases["--targets-key missing"] = ("score", zz, d / "ok.npz", "--targets-key", "nope")
-    cases["--key missing"] = ("compare", d / "ok.npz", d / "ok.npz", tt, "--key", "nope")
+    cases["--key missing"] = ("compare", d / "ok.npz", tt, "--reference", d / "ok.npz", "--key", "nope")
     return cases
 
 
@@ -622,8 +622,49 @@ def test_targets_key(hf_files):
     got = json.loads(run("score", d / "y_named.npz", d / "y_named.npz", "--targets-key", "y", "--json").stdout)
     assert got["nll_sum"] == pytest.approx(want["nll_sum"], rel=1e-9)
     # compare: reference and model logits by --key, targets by --targets-key
-    cmp = json.loads(run("compare", d / "ref.npz", d / "y_named.npz", d / "y_named.npz", "--key", "logits",
+    cmp = json.loads(run("compare", d / "y_named.npz", d / "y_named.npz", "--reference", d / "ref.npz", "--key", "logits",
                          "--targets-key", "y", "--json").stdout)
     want = lmmetrics.compare(z, y, reference_logits=r).as_dict()
     assert cmp["tokens"] == want["tokens"]
     assert cmp["kld"]["mean"]["value"] == pytest.approx(want["kld"]["mean"]["value"], rel=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# Files the Python API reads that the command line must read too
+
+
+def _nll_mean(z, t):
+    """float64 mean NLL (scipy), the reference for the files below."""
+    from helpers import ref_nll
+
+    return float(ref_nll(z, t).mean())
+
+
+@pytest.mark.parametrize("fmt", ["npy", "npz"])
+def test_big_endian_logits_and_targets(tmp_path, fmt):
+    rng = np.random.default_rng(3)
+    z = (rng.standard_normal((2, 6, 50)) * 3).astype(">f4")
+    t = rng.integers(0, 50, (2, 6)).astype(">i8")
+    if fmt == "npy":
+        np.save(tmp_path / "z.npy", z)
+        np.save(tmp_path / "t.npy", t)
+        files = (tmp_path / "z.npy", tmp_path / "t.npy")
+    else:
+        np.savez(tmp_path / "zt.npz", logits=z, targets=t)
+        files = (tmp_path / "zt.npz", tmp_path / "zt.npz")
+    res = run("score", *files, "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["loss"] == pytest.approx(_nll_mean(z, t), abs=2e-6)
+
+
+def test_legacy_pt_is_read(tmp_path):
+    """torch.save's pre-1.6 (non-zip) format cannot be memory-mapped: read whole."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    z = (rng.standard_normal((7, 40)) * 3).astype(np.float32)
+    t = rng.integers(0, 40, 7)
+    torch.save({"logits": torch.from_numpy(z), "targets": torch.from_numpy(t)}, tmp_path / "old.pt",
+               _use_new_zipfile_serialization=False)
+    res = run("score", tmp_path / "old.pt", tmp_path / "old.pt", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["loss"] == pytest.approx(_nll_mean(z, t), abs=2e-6)

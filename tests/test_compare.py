@@ -129,3 +129,92 @@ def test_compare_errors():
         lmmetrics.compare(z, np.full(3, -100), reference_logits=z)
     with pytest.raises(ValueError, match="shape"):
         lmmetrics.compare(z, np.zeros(3, np.int64), reference_logits=z[:2])
+
+
+def test_few_tokens_follow_llama_cpp():
+    """llama.cpp gives no uncertainty on 10 tokens or fewer, and no
+    covariance below 10 (its mean_and_uncertainty and covariance): the
+    ln(PPL ratio), ratio and PPL difference have no uncertainty either,
+    where a covariance alone made one up (±0.408 on 5 tokens)."""
+    rng = np.random.default_rng(3)
+    for n in range(2, 11):
+        for seed in range(5):
+            z = random_logits(rng, (n, 30), np.float32)
+            r = random_logits(rng, (n, 30), np.float32)
+            c = lmmetrics.compare(z, rng.integers(0, 30, n), reference_logits=r)
+            assert c.tokens == n
+            assert c.ppl.uncertainty == c.ppl_ref.uncertainty == 0.0
+            if n < 10:
+                assert c.ln_ratio.uncertainty == c.ratio.uncertainty == c.delta_ppl.uncertainty == 0.0
+
+
+# llama.cpp's printf formats (tools/perplexity/perplexity.cpp, kl_divergence()),
+# copied as written there, for a byte-for-byte check
+LLAMA_FORMATS = r"""====== Perplexity statistics ======
+Mean PPL(Q)                   : %10.6lf ± %10.6lf
+Mean PPL(base)                : %10.6lf ± %10.6lf
+Cor(ln(PPL(Q)), ln(PPL(base))): %6.2lf%%
+Mean ln(PPL(Q)/PPL(base))     : %10.6lf ± %10.6lf
+Mean PPL(Q)/PPL(base)         : %10.6lf ± %10.6lf
+Mean PPL(Q)-PPL(base)         : %10.6lf ± %10.6lf
+
+====== KL divergence statistics ======
+Mean    KLD: %10.6lf ± %10.6lf
+Maximum KLD: %10.6f
+99.9%%   KLD: %10.6f
+99.0%%   KLD: %10.6f
+95.0%%   KLD: %10.6f
+90.0%%   KLD: %10.6f
+Median  KLD: %10.6f
+10.0%%   KLD: %10.6f
+ 5.0%%   KLD: %10.6f
+ 1.0%%   KLD: %10.6f
+ 0.1%%   KLD: %10.6f
+Minimum KLD: %10.6f
+
+====== Token probability statistics ======
+Mean    Δp: %6.3lf ± %5.3lf %%
+Maximum Δp: %6.3lf%%
+99.9%%   Δp: %6.3lf%%
+99.0%%   Δp: %6.3lf%%
+95.0%%   Δp: %6.3lf%%
+90.0%%   Δp: %6.3lf%%
+75.0%%   Δp: %6.3lf%%
+Median  Δp: %6.3lf%%
+25.0%%   Δp: %6.3lf%%
+10.0%%   Δp: %6.3lf%%
+ 5.0%%   Δp: %6.3lf%%
+ 1.0%%   Δp: %6.3lf%%
+ 0.1%%   Δp: %6.3lf%%
+Minimum Δp: %6.3lf%%
+RMS Δp    : %6.3lf ± %5.3lf %%
+Same top p: %6.3lf ± %5.3lf %%
+"""
+
+
+def llama_text(c):
+    """The statistics printed through llama.cpp's own formats."""
+    k, dp = c.kld, c.delta_p
+    values = [c.ppl.value, c.ppl.uncertainty, c.ppl_ref.value, c.ppl_ref.uncertainty, 100 * c.correlation,
+              c.ln_ratio.value, c.ln_ratio.uncertainty, c.ratio.value, c.ratio.uncertainty,
+              c.delta_ppl.value, c.delta_ppl.uncertainty, k.mean.value, k.mean.uncertainty, k.max]
+    values += [k.percentiles[p] for p in (99.9, 99.0, 95.0, 90.0)] + [k.median]
+    values += [k.percentiles[p] for p in (10.0, 5.0, 1.0, 0.1)] + [k.min]
+    values += [100 * dp.mean.value, 100 * dp.mean.uncertainty, 100 * dp.max]
+    values += [100 * dp.percentiles[p] for p in (99.9, 99.0, 95.0, 90.0, 75.0)] + [100 * dp.median]
+    values += [100 * dp.percentiles[p] for p in (25.0, 10.0, 5.0, 1.0, 0.1)] + [100 * dp.min]
+    values += [100 * c.rms_delta_p.value, 100 * c.rms_delta_p.uncertainty,
+               100 * c.same_top.value, 100 * c.same_top.uncertainty]
+    return LLAMA_FORMATS.replace("lf", "f") % tuple(values)
+
+
+def test_llama_cpp_format_byte_for_byte(pair):
+    r, z, t = pair
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    assert c.llama_cpp() + "\n" == llama_text(c)
+    # the default table: the same lines, units where a value has one, and the token count
+    lines = str(c).splitlines()
+    assert lines[:-1] != llama_text(c).splitlines()
+    assert [x.removesuffix(" nats") for x in lines[:-1]] == llama_text(c).splitlines()
+    assert lines[-1] == f"Tokens    : {c.tokens}"
+    assert all(x.endswith(" nats") for x in lines if "KLD:" in x or x.startswith("Mean ln("))

@@ -15,7 +15,8 @@ IN_SOURCE_TREE = (ROOT / "setup.py").is_file() and (ROOT / "lmmetrics_c").is_dir
 
 
 @pytest.mark.skipif(os.environ.get("LMMETRICS_EXPECT_INSTALLED") != "1",
-                    reason="set LMMETRICS_EXPECT_INSTALLED=1 to check that an installed package is tested")
+                    reason="tests the source tree, not an installed package (CI sets "
+                           "LMMETRICS_EXPECT_INSTALLED=1 after installing the sdist)")
 def test_the_installed_package_is_tested():
     path = Path(lmmetrics.__file__).resolve()
     assert "site-packages" in path.parts, path
@@ -45,16 +46,18 @@ def sdist(tmp_path_factory):
     given = os.environ.get("LMMETRICS_SDIST")
     if given:
         return Path(given)
-    pytest.importorskip("build")
+    pytest.importorskip("build", reason="building an sdist needs the build package (pip install build)")
     out = tmp_path_factory.mktemp("sdist")
     res = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(out), str(ROOT)],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        pytest.skip("cannot build an sdist here: " + res.stderr[-300:])
+        last = [line for line in res.stderr.splitlines() if line.strip()][-1:] or ["no message"]
+        pytest.skip(f"python -m build --sdist failed here: {last[0].strip()[:200]}")
     return next(out.glob("*.tar.gz"))
 
 
-@pytest.mark.skipif(not IN_SOURCE_TREE, reason="needs the source tree")
+@pytest.mark.skipif(not IN_SOURCE_TREE, reason="checks the sdist against the source tree (setup.py, "
+                                                 "lmmetrics_c/), which is not here")
 def test_sdist_contents(sdist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}

@@ -181,3 +181,129 @@ def test_size_and_errors(sp):
         lmmetrics.token_bytes(sp, size=10)
     with pytest.raises(TypeError, match="unsupported tokenizer"):
         lmmetrics.token_bytes(object())
+
+
+def test_size_accepts_numpy_integers(sp):
+    """A width read off an array's shape or a config is often a numpy integer."""
+    n = sp.get_piece_size()
+    table = lmmetrics.token_bytes(sp, size=np.int64(512))
+    assert table.shape == (512,) and type(table.shape[0]) is int
+    np.testing.assert_array_equal(table[:n], lmmetrics.token_bytes(sp))
+    assert lmmetrics.token_bytes(sp, size=np.uint16(n)).shape == (n,)
+    for bad in (True, np.True_, 512.0, np.float64(512), "512", np.int64(10)):
+        with pytest.raises(ValueError, match="size"):
+            lmmetrics.token_bytes(sp, size=bad)
+
+
+# ----------------------------------------------------------------- end-of-word suffix BPE (openai-gpt, CLIP)
+
+SUFFIX_TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "naïve café 日本語 and again",
+    "hello, world. this is a small corpus: 0123456789!",
+]
+CLIP_SPLIT = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+
+
+def train_suffix_bpe(byte_level):
+    """vocab and merges of a BPE with openai-gpt's / CLIP's "</w>" suffix,
+    trained here with the pre-tokenizer the transformers class uses."""
+    tokenizers = pytest.importorskip("tokenizers")
+    import json
+
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE(end_of_word_suffix="</w>", continuing_subword_prefix="",
+                                          unk_token="<unk>"))
+    if byte_level:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(CLIP_SPLIT), behavior="removed", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator([t.lower() for t in CORPUS], trainers.BpeTrainer(
+        vocab_size=400, end_of_word_suffix="</w>", show_progress=False,
+        special_tokens=["<unk>", "<|startoftext|>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else []))
+    model = json.loads(tok.to_str())["model"]
+    vocab = model["vocab"]
+    # like the real vocabularies: every base character alone and word-final
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_level else set("".join(CORPUS + SUFFIX_TEXTS).lower())
+    for piece in [p for a in sorted(alphabet) for p in (a, a + "</w>")]:
+        vocab.setdefault(piece, len(vocab))
+    return vocab, [tuple(m) for m in model["merges"]]
+
+
+@pytest.fixture(scope="module", params=["openai-gpt", "clip"])
+def suffix_tokenizer(request):
+    transformers = pytest.importorskip("transformers")
+    if request.param == "openai-gpt":
+        return transformers.OpenAIGPTTokenizer(*train_suffix_bpe(byte_level=False))
+    return transformers.CLIPTokenizer(*train_suffix_bpe(byte_level=True))
+
+
+@pytest.mark.parametrize("text", SUFFIX_TEXTS)
+def test_end_of_word_suffix_is_one_byte(suffix_tokenizer, text):
+    """The suffix is the word boundary, which the tokenizer decodes as one
+    space: the sum is the byte length of the decoded text and of its final
+    boundary (never the 4 bytes of "</w>" per word)."""
+    tok = suffix_tokenizer
+    table = lmmetrics.token_bytes(tok)
+    ids = tok.encode(text, add_special_tokens=False)
+    tokens = tok.convert_ids_to_tokens(ids)
+    assert tokens[-1].endswith("</w>") and "<unk>" not in tokens
+    decoded = tok.decode(ids)
+    assert table[ids].sum() == utf8(decoded) + 1
+    if set(text) <= set("abcdefghijklmnopqrstuvwxyz "):
+        # lowercase ASCII words separated by single spaces decode to the text itself
+        assert decoded == text and table[ids].sum() == utf8(text) + 1
+    special = [i for i in tok.all_special_ids if i < len(table)]
+    assert special and not table[special].any()
+
+
+# ----------------------------------------------------------------- nanochat's tokenizer objects
+
+class NanochatHF:
+    """The shape of nanochat's HuggingFaceTokenizer (nanochat/tokenizer.py):
+    a tokenizers.Tokenizer as .tokenizer, special tokens added to it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text):
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def get_vocab_size(self):
+        return self.tokenizer.get_vocab_size()
+
+
+class NanochatRustBPE:
+    """The shape of nanochat's RustBPETokenizer: a tiktoken Encoding as .enc."""
+
+    def __init__(self, enc):
+        self.enc = enc
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)
+
+
+def test_nanochat_huggingface_tokenizer(byte_level):
+    tok = NanochatHF(byte_level.__class__.from_str(byte_level.to_str()))
+    tok.tokenizer.add_special_tokens(["<|bos|>", "<|user_start|>"])
+    table = lmmetrics.token_bytes(tok)
+    assert table.shape == (tok.tokenizer.get_vocab_size(with_added_tokens=True),)
+    assert table[tok.tokenizer.token_to_id("<|bos|>")] == 0
+    for text in TEXTS:
+        assert table[tok.encode(text)].sum() == utf8(text)
+
+
+def test_nanochat_rustbpe_tokenizer():
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks[b"th"] = 256
+    enc = tiktoken.Encoding("local", pat_str=r"""\s?\S+|\s+""", mergeable_ranks=ranks,
+                            special_tokens={"<|bos|>": 257})
+    table = lmmetrics.token_bytes(NanochatRustBPE(enc))
+    assert table.shape == (258,) and table[257] == 0
+    for text in TEXTS:
+        assert table[enc.encode_ordinary(text)].sum() == utf8(text)

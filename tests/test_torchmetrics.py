@@ -1,6 +1,7 @@
 """lmmetrics.torchmetrics against torchmetrics' own Perplexity and nanochat's
 bits per byte, as torchmetrics Metrics (update / forward / compute / reset,
 state sync across two gloo processes)."""
+import math
 import os
 import subprocess
 import sys
@@ -114,6 +115,27 @@ def test_states_move_with_to():
         mc.update(z.cuda(), t.cuda())
         assert mc.nll_sum.device.type == "cuda" and mc.compute().device.type == "cuda"
         assert mc.compute().item() == pytest.approx(m.compute().item(), rel=1e-6)
+
+
+def test_cached_results_do_not_round_under_to_dtype():
+    """compute() and forward() cache their results; ``.to(dtype)`` must not
+    round the cached float64 values either (272.14 must not come back as
+    bfloat16's 272.0)."""
+    z, t = batches(n=1)[0]  # a perplexity in the hundreds, where bfloat16 keeps 2-3 digits
+    logp = torch.log_softmax(z.double(), -1)
+    c = t >= 0
+    nll = -logp.gather(-1, t.clamp(min=0)[..., None])[..., 0][c]
+    ppl = math.exp(nll.mean().item())
+    assert ppl > 100 and float(torch.tensor(ppl).to(torch.bfloat16)) != pytest.approx(ppl, rel=1e-4)
+    for metric, value in ((Perplexity(), lambda r: r), (LanguageModelMetrics(), lambda r: r["perplexity"])):
+        batch = metric(z, t)  # forward caches the batch's value
+        metric.compute()  # compute caches the total
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            metric = metric.to(dtype)
+            for got in (value(metric.compute()), value(metric._forward_cache)):
+                assert got.dtype == torch.float64
+                assert got.item() == pytest.approx(ppl, rel=1e-6)
+        assert value(batch).item() == pytest.approx(ppl, rel=1e-6)
 
 
 WORKER = textwrap.dedent("""

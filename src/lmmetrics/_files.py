@@ -1,7 +1,7 @@
 """Arrays from files, for the command line, without reading them whole where
 the format allows: ``.npy`` and ``.safetensors`` are memory-mapped, ``.pt``
-is loaded with ``mmap=True``; ``.npz`` members are read when opened (zip
-members cannot be mapped).
+is loaded with ``mmap=True`` (a legacy, non-zip ``.pt`` is read whole);
+``.npz`` members are read when opened (zip members cannot be mapped).
 
 Only regular files are opened (a FIFO or a device named ``x.npy`` would
 block or never end), and every problem with a file, down to a malformed
@@ -14,6 +14,7 @@ import os
 import stat
 import struct
 import warnings
+import zipfile
 from collections import Counter
 from functools import partial
 from typing import Any, Callable, Dict, FrozenSet, List, NoReturn, Optional, Tuple, Union
@@ -23,13 +24,22 @@ import numpy.typing as npt
 
 from ._errors import FileError
 
-__all__ = ["FORMATS", "FileError", "load_array"]
+__all__ = ["FORMATS", "FileError", "dtype_name", "load_array"]
 
 FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 
-# Other names an array may have for a role, when a file holds several and no
-# key is given: Hugging Face dumps name the targets "labels".
-_ALIASES = {"targets": ("targets", "labels")}
+# The names an array may have for a role, when a file holds several and no
+# key is given: Hugging Face dumps name the targets "labels". Logits (a
+# model's or a reference's) are otherwise the file's only float array.
+_ALIASES = {"targets": ("targets", "labels"), "reference logits": ("logits",)}
+_LOGITS_ROLES = ("logits", "reference logits")
+_KEY_FLAGS = {"targets": "--targets-key", "reference logits": "--reference-key"}
+
+
+def dtype_name(x: Any) -> str:
+    """An array's dtype as float32, bfloat16, int64, ... whatever its byte
+    order (numpy's ``>f4`` is float32), or torch's ``torch.float32``."""
+    return str(getattr(x.dtype, "name", x.dtype))
 
 
 def _why(e: BaseException) -> str:
@@ -315,7 +325,8 @@ def _pt(path: str) -> Dict[str, Callable[[], Any]]:
     try:
         with warnings.catch_warnings():  # torch's deprecation notes on sparse / quantized storage
             warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            # only the zip format (torch >= 1.6's default) can be mapped; a legacy file is read whole
+            obj = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path), weights_only=True)
     except Exception as e:  # torch raises many kinds for a bad file
         raise FileError(f"{path}: cannot load as a torch file ({_why(e)})") from None
     if isinstance(obj, torch.Tensor):
@@ -406,5 +417,10 @@ def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[
     for name in _ALIASES.get(role, (role,)):
         if name in getters:
             return getters[name]()
-    flag = "--targets-key" if role == "targets" else "--key"
+    if role in _LOGITS_ROLES:
+        arrays = {k: getters[k]() for k in names}
+        floats = [k for k, a in arrays.items() if "float" in dtype_name(a)]
+        if len(floats) == 1:
+            return arrays[floats[0]]
+    flag = _KEY_FLAGS.get(role, "--key")
     raise FileError(f"{path} holds several arrays {names}: name the {role} one with {flag}")

@@ -16,8 +16,9 @@ from . import _core
 from ._config import show_config
 from ._engine import check_positive_int
 from ._errors import InputError
-from ._files import load_array
+from ._files import dtype_name, load_array
 from ._inputs import as_table
+from ._version import __version__
 from .comparison import comparison_from_tokens, token_values
 from .convert import LN2, bits_per_unit
 from .evaluation import Evaluator
@@ -41,6 +42,18 @@ def _demo(_args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.lazy:
+        if args.device == "cuda" or args.compile or args.dtype == "float16":
+            raise InputError("--lazy times the CPU (torch) matmul in float32, bfloat16 or float64; "
+                             "it takes no --device cuda, --compile or float16")
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise InputError("--lazy needs torch (pip install torch)")
+        from ._bench_lazy import bench_lazy
+
+        return bench_lazy(args.tokens, args.hidden, args.vocab, args.dtype or "float32",
+                          args.threads or _core.max_threads(), min(args.repeat, 3))
     if args.device == "cuda":
         from ._bench_cuda import DTYPES, bench_cuda
 
@@ -55,7 +68,7 @@ def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
     """A logits array as (rows, V) without copying (numpy or torch)."""
     if len(x.shape) < 1 or x.shape[-1] < 1:
         raise InputError(f"{name} must be shaped (..., vocab), got {tuple(x.shape)}")
-    if "float" not in str(x.dtype):
+    if "float" not in dtype_name(x):
         raise InputError(f"{name} must hold float logits, got dtype {x.dtype}")
     if vocab is not None and x.shape[-1] != vocab:
         raise InputError(f"{name} has a vocabulary of {x.shape[-1]}, the logits {vocab}")
@@ -63,7 +76,7 @@ def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
 
 
 def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets") -> npt.NDArray[np.integer[Any]]:
-    kind = str(getattr(t, "dtype", ""))
+    kind = dtype_name(t) if hasattr(t, "dtype") else ""
     if "int" not in kind:
         raise InputError(f"{name} must hold integers, got dtype {kind}")
     if tuple(t.shape) != tuple(logits_shape[:-1]):
@@ -110,8 +123,37 @@ def _score(args: argparse.Namespace) -> int:
     for zc, _, tc in _pieces(raw, None, t, 1, args):
         ev.update(zc, tc)
     m = ev.compute()
-    print(json.dumps(m.as_dict()) if args.json else m)
+    print(_json(m.as_dict()) if args.json else _table(m.as_dict()))
     return 0
+
+
+# score's table: each field of Metrics with its unit (fractions as %)
+_UNITS = {"nll_sum": "nats", "loss": "nats per token", "bits_per_token": "bits",
+          "bits_per_byte": "bits", "accuracy": "%", "entropy": "nats per token", "kl": "nats per token",
+          "same_top": "%"}
+
+
+def _table(d: Dict[str, Any]) -> str:
+    rows = []
+    for k, v in d.items():
+        if v is None:
+            continue
+        unit = _UNITS.get(k, "")
+        text = str(v) if isinstance(v, int) else f"{100 * v if unit == '%' else v:.6g}"
+        rows.append(f"{k:<16}{text}{' ' + unit if unit else ''}")
+    return "\n".join(rows)
+
+
+def _json(d: Dict[str, Any]) -> str:
+    """Strict JSON (RFC 8259): a NaN or infinite value (no counted token,
+    no byte, too few tokens for an uncertainty) is written as null."""
+    def finite(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        return x
+    return json.dumps(finite(d), allow_nan=False)
 
 
 def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
@@ -155,9 +197,17 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
 
 
 def _compare(args: argparse.Namespace) -> int:
+    if args.extra or args.reference is None:
+        given = " ".join([args.logits, args.targets, *args.extra])
+        raise InputError(f"compare takes LOGITS TARGETS --reference REFERENCE_LOGITS (got {given!r}"
+                         f"{'' if args.reference is None else ' --reference ' + args.reference}); the old form "
+                         f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed")
+    if args.format == "llama.cpp" and (args.json or args.token_bytes):
+        raise InputError(f"--format llama.cpp prints llama.cpp's table alone; "
+                         f"{'--json' if args.json else '--token-bytes'} needs --format table")
     raw = load_array(args.logits, "logits", args.key)
     z = _rows(raw, args.logits)
-    ref = load_array(args.reference, "reference_logits", args.key)
+    ref = load_array(args.reference, "reference logits", args.reference_key)
     r = _rows(ref, args.reference, z.shape[1])
     if r.shape[0] != z.shape[0]:
         raise InputError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
@@ -178,6 +228,8 @@ def _compare(args: argparse.Namespace) -> int:
             ids = ids.reshape(-1)
             keep = ids >= 0 if args.ignore_index is None else (ids >= 0) & (ids != args.ignore_index)
             counted_ids.append(ids[keep])
+    if not parts:
+        raise InputError(f"no counted token to compare: {args.logits} holds no positions")
     values = [np.concatenate(p) for p in zip(*parts)]
     cmp = comparison_from_tokens(*values)
     bpb: Optional[Tuple[float, float]] = None
@@ -190,11 +242,13 @@ def _compare(args: argparse.Namespace) -> int:
         d = cmp.as_dict()
         if bpb is not None:
             d["bits_per_byte"], d["bits_per_byte_ref"] = bpb
-        print(json.dumps(d))
+        print(_json(d))
+    elif args.format == "llama.cpp":
+        print(cmp.llama_cpp())
     else:
         print(cmp)
         if bpb is not None:
-            print(f"{'bits per byte (model / reference)':<32}: {bpb[0]:.6f} / {bpb[1]:.6f}")
+            print(f"bits per byte (model / reference): {bpb[0]:.6f} / {bpb[1]:.6f} bits")
     return 0
 
 
@@ -226,13 +280,23 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
 
 
-def _positive_float(text: str) -> float:
+def _vocab(text: str) -> int:
+    v = _positive_int(text)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (one token is certain: its loss is 0), got {text!r}")
+    return v
+
+
+_MAX_CHUNK_MB = 2.0 ** 20  # 1 TiB
+
+
+def _chunk_mb(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not 0 < v <= _MAX_CHUNK_MB:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {_MAX_CHUNK_MB:.0f} (1 TiB), got {text!r}")
     return v
 
 
@@ -248,45 +312,118 @@ def _quiet_broken_pipe() -> int:
     return 141
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = _Parser(prog="lmmetrics", description="Language-model metrics from logits.")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("demo", help="metrics of a small built-in example, and the build config (default)")
-    sub.add_parser("info", help="the build and run-time configuration")
+_MAIN_EPILOG = """\
+examples:
+  lmmetrics                                        metrics of a built-in example, and the build
+  lmmetrics score logits.npy targets.npy           every metric of saved logits
+  lmmetrics compare quant.npy targets.npy --reference base.npy
+                                                   a model against its reference (llama.cpp's KLD)
+  lmmetrics bench                                  time the kernel on this machine
+  lmmetrics COMMAND --help                         the options of a command
+"""
+
+_SCORE_EPILOG = """\
+examples:
+  lmmetrics score logits.npy targets.npy --token-bytes token_bytes.npy
+  lmmetrics score dump.safetensors targets.pt --key logits --json
+  lmmetrics score dump.pt dump.pt --shift          a dump of {logits, labels}, labels unshifted
+
+table: loss and entropy in nats per token, bits per token / byte in bits,
+accuracy in %. --json: one line of strict JSON, the same fields, fractions
+(accuracy, same_top) as fractions, null for NaN / inf or a metric that does
+not apply (bits_per_byte without --token-bytes).
+"""
+
+_COMPARE_EPILOG = """\
+examples:
+  lmmetrics compare quant.npy targets.npy --reference base.npy
+  lmmetrics compare q.safetensors labels.pt --reference base.pt --reference-key logits --shift
+  lmmetrics compare quant.npy targets.npy --reference base.npy --format llama.cpp
+
+table: KLD and ln(PPL(Q)/PPL(base)) in nats, Δp, RMS Δp and same top p in %.
+--format llama.cpp prints llama-perplexity --kl-divergence's statistics byte for
+byte (no units, no token count). --json: one line of strict JSON, probabilities
+(delta_p, rms_delta_p, same_top) as fractions, percentile keys as "99.9%",
+null for NaN / inf.
+"""
+
+_BENCH_EPILOG = """\
+examples:
+  lmmetrics bench                                  Llama 3 sized: 2048 x 128256, every dtype
+  lmmetrics bench --dtype bfloat16 --threads 8
+  lmmetrics bench --device cuda                    needs torch and triton, and a GPU
+  lmmetrics bench --lazy --tokens 1024             metrics from hidden states and a head (d 2048)
+                                                   against the logits materialized: time, peak memory
+"""
+
+
+def _subparser(sub: Any, name: str, help: str, description: str, epilog: Optional[str] = None,
+               parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                                                parents=list(parents),
+                                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lmmetrics", formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description="Language-model metrics from logits: NLL, perplexity, bits per token and "
+                                 "per byte, accuracy,\nentropy, and a model against its reference (KL "
+                                 "divergence). Without a command: the demo.",
+                     epilog=_MAIN_EPILOG)
+    parser.add_argument("--version", action="version", version=f"lmmetrics {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _subparser(sub, "demo", "metrics of a small built-in example, and the build config (default)",
+               "Every metric of a 3-position example over a 4-token vocabulary, then the build and "
+               "run-time configuration.")
+    _subparser(sub, "info", "the build and run-time configuration",
+               "The build (compiler flags, OpenMP), the SIMD paths and the thread count.")
     files = _Parser(add_help=False)
-    files.add_argument("--key", help="the array to read from an .npz / .safetensors / .pt logits file")
+    files.add_argument("--key", help="the array to read from an .npz / .safetensors / .pt logits file "
+                                     "(default: its only array, the one named logits, or its only float array)")
     files.add_argument("--targets-key", help="the array to read from an .npz / .safetensors / .pt targets "
                                              "file (default: its only array, or the one named targets or labels)")
     files.add_argument("--ignore-index", type=int, default=-100,
                        help="targets equal to this (and negative ones) are ignored (default -100)")
-    files.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    files.add_argument("--json", action="store_true",
+                       help="print one line of strict JSON instead of a table (null where a value is NaN or "
+                            "infinite: no counted token, no byte, too few tokens for an uncertainty)")
     files.add_argument("--quiet", action="store_true", help="no progress bar")
     files.add_argument("--threads", type=_positive_int, default=None,
                        help="threads (default: the OpenMP default)")
     files.add_argument("--shift", action="store_true",
                        help="unshifted (Hugging Face) targets: position t of the logits is scored against "
                             "targets[..., t + 1], the last position of each sequence dropped")
-    files.add_argument("--chunk-mb", type=_positive_float, default=256.0,
+    files.add_argument("--chunk-mb", type=_chunk_mb, default=256.0,
                        help="logits read per step, in MiB (default 256)")
-    s = sub.add_parser("score", parents=[files], help="every metric of saved logits and targets",
-                       description="LOGITS (..., V) and TARGETS (...) from .npy (memory-mapped), .npz, "
-                                   ".safetensors or .pt files, processed in row chunks.")
-    s.add_argument("logits")
-    s.add_argument("targets")
-    s.add_argument("--token-bytes", help="file with the byte length of each token id (for bits per byte)")
-    s.add_argument("--softcap", type=float, default=None, help="apply c * tanh(z / c) to the logits first")
-    c = sub.add_parser("compare", parents=[files], help="a model's logits against a reference model's "
-                       "(llama.cpp's KL-divergence statistics)")
-    c.add_argument("reference", metavar="REFERENCE_LOGITS")
-    c.add_argument("logits")
-    c.add_argument("targets")
-    c.add_argument("--token-bytes", help="file with the byte length of each token id (adds the bits per "
-                                         "byte of both models)")
-    c.add_argument("--softcap", type=float, default=None,
-                   help="apply c * tanh(z / c) to both logits first")
-    b = sub.add_parser("bench", help="time the fused kernel on a synthetic Llama-3-sized workload")
+    files.add_argument("--token-bytes", help="file with the byte length of each token id (for bits per byte)")
+    files.add_argument("--softcap", type=float, default=None, help="apply c * tanh(z / c) to the logits (both, for compare) first")
+    s = _subparser(sub, "score", "every metric of saved logits and targets",
+                   "Every metric of LOGITS (..., V) against TARGETS (...), from .npy (memory-mapped), "
+                   ".npz,\n.safetensors (memory-mapped) or .pt files, read in chunks of --chunk-mb.",
+                   _SCORE_EPILOG, [files])
+    s.add_argument("logits", metavar="LOGITS")
+    s.add_argument("targets", metavar="TARGETS")
+    c = _subparser(sub, "compare", "a model's logits against a reference model's (llama.cpp's KLD statistics)",
+                   "The statistics of llama-perplexity --kl-divergence for a model's LOGITS against a "
+                   "reference\n(base) model's, on the same TARGETS: perplexities and their ratio, KL "
+                   "divergence and Δp\npercentiles, top-token agreement. Both logits are read once, "
+                   "together.", _COMPARE_EPILOG, [files])
+    c.add_argument("logits", metavar="LOGITS")
+    c.add_argument("targets", metavar="TARGETS")
+    c.add_argument("extra", nargs="*", help=argparse.SUPPRESS)  # the old REFERENCE LOGITS TARGETS form
+    c.add_argument("--reference", metavar="REFERENCE_LOGITS",
+                   help="the reference (base) model's logits, the same shape as LOGITS (required)")
+    c.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
+    c.add_argument("--format", choices=["table", "llama.cpp"], default="table",
+                   help="table: with units and the token count (default); llama.cpp: llama-perplexity's "
+                        "statistics byte for byte")
+    b = _subparser(sub, "bench", "time the fused kernel on a synthetic Llama-3-sized workload",
+                   "Time the kernel on synthetic logits against a read-only pass over the same memory (and "
+                   "torch's\nF.cross_entropy when installed), after checking the summed NLL against float64.",
+                   _BENCH_EPILOG)
     b.add_argument("--tokens", type=_positive_int, default=2048, help="rows of logits (default 2048)")
-    b.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size (default 128256)")
+    b.add_argument("--vocab", type=_vocab, default=128256, help="vocabulary size, at least 2 (default 128256)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default=None,
                    help="logits dtype (default: each)")
     b.add_argument("--threads", type=_positive_int, default=None, help="threads (default: the OpenMP default)")
@@ -296,6 +433,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the native kernel (default); cuda: the CUDA path (Triton, needs torch "
                         "and triton) against a read-only pass and F.cross_entropy")
+    b.add_argument("--lazy", action="store_true",
+                   help="lmmetrics.projected(hidden, head) against the matmul alone and the logits "
+                        "materialized + F.cross_entropy: seconds and peak memory, each in its own "
+                        "process (needs torch; --repeat at most 3)")
+    b.add_argument("--hidden", type=_positive_int, default=2048,
+                   help="--lazy: the hidden size (default 2048)")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     handlers: Dict[Optional[str], Callable[[argparse.Namespace], int]] = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
                 None: _demo}

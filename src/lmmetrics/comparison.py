@@ -7,7 +7,8 @@ Per counted token t: nll_m and nll_r (the model's and the reference's NLL of
 the target), kld_t = KL(P_ref || P_model), same_t (argmax agreement) and
 dp_t = exp(-nll_m) - exp(-nll_r). A mean f = s / n of n values with sums s,
 s2 has the uncertainty sqrt((s2 / n - f^2) / (n - 1)) when that is positive
-and n > 10, else 0.
+and n > 10, else 0; the covariance of the two NLLs is 0 below 10 tokens
+(llama.cpp's rules: no uncertainty on so few tokens).
 """
 from __future__ import annotations
 
@@ -128,35 +129,48 @@ class Comparison:
         return d
 
     def __str__(self) -> str:
-        def row(name: str, value: object) -> str:
-            return f"{name:<32}: {value}"
+        """llama.cpp's tables with units (nats, %) and the token count."""
+        return "\n".join([f"{text} {unit}" if unit else text for text, unit in self._lines()] +
+                         [f"Tokens    : {self.tokens}"])
 
-        def pct(e: Estimate, scale: float = 100.0) -> str:
-            return f"{e.value * scale:9.3f} ± {e.uncertainty * scale:.3f} %"
+    def llama_cpp(self) -> str:
+        """The statistics exactly as ``llama-perplexity --kl-divergence``
+        prints them (its printf formats, no units, no token count)."""
+        return "\n".join(text for text, _ in self._lines())
 
-        lines = ["====== Perplexity statistics ======",
-                 row("Mean PPL(Q)", self.ppl),
-                 row("Mean PPL(base)", self.ppl_ref),
-                 row("Cor(ln(PPL(Q)), ln(PPL(base)))", f"{100 * self.correlation:.2f}%"),
-                 row("Mean ln(PPL(Q)/PPL(base))", self.ln_ratio),
-                 row("Mean PPL(Q)/PPL(base)", self.ratio),
-                 row("Mean PPL(Q)-PPL(base)", self.delta_ppl),
-                 "",
-                 "====== KL divergence statistics ======",
-                 row("Mean    KLD", self.kld.mean),
-                 row("Maximum KLD", f"{self.kld.max:.6f}")]
-        lines += [row(f"{_pct_name(p):<7} KLD", f"{v:.6f}") for p, v in self.kld.ordered()]
-        lines += [row("Minimum KLD", f"{self.kld.min:.6f}"),
-                  "",
-                  "====== Token probability statistics ======",
-                  row("Mean    Δp", pct(self.delta_p.mean)),
-                  row("Maximum Δp", f"{100 * self.delta_p.max:9.3f}%")]
-        lines += [row(f"{_pct_name(p):<7} Δp", f"{100 * v:9.3f}%") for p, v in self.delta_p.ordered()]
-        lines += [row("Minimum Δp", f"{100 * self.delta_p.min:9.3f}%"),
-                  row("RMS Δp", pct(self.rms_delta_p)),
-                  row("Same top p", pct(self.same_top)),
-                  row("Tokens", str(self.tokens))]
-        return "\n".join(lines)
+    def _lines(self) -> List[Tuple[str, str]]:
+        """(llama.cpp's line, its unit) for each line of the tables."""
+        def est(e: Estimate) -> str:
+            return f"{e.value:10.6f} ± {e.uncertainty:10.6f}"
+
+        def pct(e: Estimate) -> str:
+            return f"{100 * e.value:6.3f} ± {100 * e.uncertainty:5.3f} %"
+
+        def label(p: float) -> str:
+            return "Median " if p == 50.0 else f"{p:4.1f}%  "
+
+        nats = "nats"
+        return [("====== Perplexity statistics ======", ""),
+                (f"Mean PPL(Q)                   : {est(self.ppl)}", ""),
+                (f"Mean PPL(base)                : {est(self.ppl_ref)}", ""),
+                (f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * self.correlation:6.2f}%", ""),
+                (f"Mean ln(PPL(Q)/PPL(base))     : {est(self.ln_ratio)}", nats),
+                (f"Mean PPL(Q)/PPL(base)         : {est(self.ratio)}", ""),
+                (f"Mean PPL(Q)-PPL(base)         : {est(self.delta_ppl)}", ""),
+                ("", ""),
+                ("====== KL divergence statistics ======", ""),
+                (f"Mean    KLD: {est(self.kld.mean)}", nats),
+                (f"Maximum KLD: {self.kld.max:10.6f}", nats)] + \
+            [(f"{label(p)} KLD: {v:10.6f}", nats) for p, v in self.kld.ordered()] + \
+            [(f"Minimum KLD: {self.kld.min:10.6f}", nats),
+             ("", ""),
+             ("====== Token probability statistics ======", ""),
+             (f"Mean    Δp: {pct(self.delta_p.mean)}", ""),
+             (f"Maximum Δp: {100 * self.delta_p.max:6.3f}%", "")] + \
+            [(f"{label(p)} Δp: {100 * v:6.3f}%", "") for p, v in self.delta_p.ordered()] + \
+            [(f"Minimum Δp: {100 * self.delta_p.min:6.3f}%", ""),
+             (f"RMS Δp    : {pct(self.rms_delta_p)}", ""),
+             (f"Same top p: {pct(self.same_top)}", "")]
 
 
 def _pct_name(p: float) -> str:
@@ -198,7 +212,7 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         raise ValueError("no counted token to compare (every target is ignored)")
     mean_m, sig_m = _mean_sigma(float(np.sum(nll_m)), float(np.sum(nll_m * nll_m)), n)
     mean_r, sig_r = _mean_sigma(float(np.sum(nll_r)), float(np.sum(nll_r * nll_r)), n)
-    cov = (float(np.sum(nll_m * nll_r)) / n - mean_m * mean_r) / (n - 1) if n > 1 else 0.0
+    cov = (float(np.sum(nll_m * nll_r)) / n - mean_m * mean_r) / (n - 1) if n >= 10 else 0.0
     ppl, ppl_r = exp(mean_m), exp(mean_r)
     u_m, u_r = ppl * sig_m, ppl_r * sig_r
     corr = cov / (sig_m * sig_r) if sig_m > 0 and sig_r > 0 else math.nan

@@ -4,6 +4,7 @@ text ``ids`` encode."""
 from __future__ import annotations
 
 import json
+import operator
 import re
 from functools import lru_cache
 from typing import Any, Dict, Iterable, Optional, Set
@@ -64,6 +65,9 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     wordpiece_prefix = None
     if spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
         wordpiece_prefix = spec["decoder"].get("prefix", "##")
+    # openai-gpt / CLIP: a word-final token carries the model's suffix
+    # ("the</w>"), a word boundary the decoder writes as one space
+    suffix = model.get("end_of_word_suffix") or ""
 
     added = tok.get_added_tokens_decoder()  # {id: AddedToken}
     vocab = tok.get_vocab(with_added_tokens=False)
@@ -72,6 +76,9 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     out = np.zeros(n, np.int64)
     bd = _byte_level_decoder() if byte_level else None
     for piece, i in vocab.items():
+        boundary = 0
+        if suffix and piece.endswith(suffix):
+            piece, boundary = piece[:-len(suffix)], 1
         if bd is not None:
             out[i] = sum(1 if ch in bd else _utf8_len(ch) for ch in piece)
         elif byte_fallback and _BYTE_PIECE.match(piece):
@@ -82,6 +89,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
             out[i] = _utf8_len(piece[len(wordpiece_prefix):])
         else:
             out[i] = _utf8_len(piece)
+        out[i] += boundary
     for i, t in added.items():  # added tokens match (and decode to) their own text
         out[i] = 0 if t.special else _utf8_len(t.content)
     for i in special_ids:
@@ -118,6 +126,25 @@ def _from_tiktoken(enc: Any) -> I64Array:
     return out
 
 
+def _is_tiktoken(x: Any) -> bool:
+    return hasattr(x, "decode_single_token_bytes") and hasattr(x, "n_vocab")
+
+
+def _is_tokenizers(x: Any) -> bool:
+    """A ``tokenizers.Tokenizer`` (duck-typed)."""
+    return hasattr(x, "to_str") and hasattr(x, "get_added_tokens_decoder")
+
+
+def _integer(x: Any) -> Optional[int]:
+    """x as a Python int when it is an integer (int, numpy's integers), not a bool."""
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
 def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     """The number of UTF-8 bytes each token of a tokenizer's vocabulary stands for.
 
@@ -132,17 +159,25 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       inverse of GPT-2's ``bytes_to_unicode``); SentencePiece-style
       vocabularies (Llama 2, Mistral, Gemma: ``<0xAB>`` byte-fallback tokens
       are one byte, ``▁`` is a space); WordPiece's ``##`` prefix is dropped;
-      any other token counts the UTF-8 bytes of its text. Added tokens that
-      are not special count their text.
+      end-of-word suffixes (openai-gpt, CLIP: ``"the</w>"``) are one byte,
+      the space the decoder writes for them; any other token counts the
+      UTF-8 bytes of its text. Added tokens that are not special count their
+      text.
     * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
       wrapping one (``sp_model``).
     * tiktoken ``Encoding`` (``decode_single_token_bytes``).
+    * nanochat's tokenizers: ``RustBPETokenizer`` (its tiktoken ``.enc``) and
+      ``HuggingFaceTokenizer`` (its ``tokenizers.Tokenizer``, ``.tokenizer``).
 
     The sum over an encoding is the byte length of the text the tokenizer
     actually encoded: SentencePiece's dummy prefix (``add_dummy_prefix``, or
     Metaspace's ``prepend_scheme="first"``) adds a ``▁`` the text did not
     have (one byte more per encoded text), and a normalizer that rewrites the
-    text (NFKC, collapsing spaces) changes its byte count.
+    text (NFKC, collapsing spaces) changes its byte count. An end-of-word
+    suffix tokenizer drops the whitespace and splits off punctuation: its
+    sum is the byte length of the text as it decodes (words and punctuation
+    each followed by one space: ``"the fox, jumps. "``), one byte more than
+    a text of words separated by single spaces.
 
     Parameters
     ----------
@@ -176,7 +211,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     """
     special: Set[int] = set()
     size_hint = 0
-    if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "n_vocab"):
+    # nanochat's tokenizer objects wrap a tiktoken Encoding (RustBPETokenizer.enc)
+    # or a tokenizers.Tokenizer (HuggingFaceTokenizer.tokenizer)
+    if not (_is_tiktoken(tokenizer) or _is_tokenizers(tokenizer) or hasattr(tokenizer, "all_special_ids")):
+        inner = getattr(tokenizer, "enc", None) or getattr(tokenizer, "tokenizer", None)
+        if _is_tiktoken(inner) or _is_tokenizers(inner):
+            tokenizer = inner
+    if _is_tiktoken(tokenizer):
         out = _from_tiktoken(tokenizer)
     else:
         if hasattr(tokenizer, "all_special_ids"):  # transformers
@@ -191,17 +232,19 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
                     out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
         elif hasattr(tokenizer, "is_byte") and hasattr(tokenizer, "id_to_piece"):
             out = _from_sentencepiece(tokenizer, 0)
-        elif hasattr(tokenizer, "to_str") and hasattr(tokenizer, "get_added_tokens_decoder"):
+        elif _is_tokenizers(tokenizer):
             out = _from_tokenizers(tokenizer, special, 0)
         else:
             raise TypeError(
                 f"token_bytes: unsupported tokenizer {type(tokenizer).__name__}; expected a transformers "
-                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor or a tiktoken Encoding")
+                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding "
+                f"or a nanochat tokenizer")
         for i in special:
             if 0 <= i < out.shape[0]:
                 out[i] = 0
     if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < out.shape[0]:
+        n = _integer(size)
+        if n is None or n < out.shape[0]:
             raise ValueError(f"size must be an integer >= the tokenizer's vocabulary ({out.shape[0]}), got {size!r}")
-        out = np.concatenate([out, np.zeros(size - out.shape[0], np.int64)])
+        out = np.concatenate([out, np.zeros(n - out.shape[0], np.int64)])
     return out

@@ -52,12 +52,21 @@ class _EvaluatorMetric(Metric):
 
     def _apply(self, fn: Callable[..., Any], exclude_state: Any = "") -> Module:
         """Move the states with the metric (``.to(device)``, ``.cuda()``) but
-        keep them float64 under ``.to(dtype)``: the sums must not round."""
+        keep them, and the cached results, float64 under ``.to(dtype)``: the
+        sums and the values must not round."""
+        cached = self._computed, self._forward_cache
         this = super()._apply(fn, exclude_state=list(self._defaults))
         assert isinstance(this, _EvaluatorMetric)  # Module._apply returns self
+
+        def move(x: Any) -> Any:  # a tensor, a dict of them (compute's results), None
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            return x.to(this.device) if isinstance(x, torch.Tensor) else x
+
         for k, v in this._defaults.items():
-            this._defaults[k] = v.to(this.device) if isinstance(v, torch.Tensor) else v
-            setattr(this, k, getattr(this, k).to(this.device))
+            this._defaults[k] = move(v)
+            setattr(this, k, move(getattr(this, k)))
+        this._computed, this._forward_cache = (move(c) for c in cached)
         return this
 
     def update(self, preds: Any, target: Any, *, reference_logits: Any = None) -> None:
