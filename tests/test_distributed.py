@@ -98,7 +98,8 @@ WORKER = textwrap.dedent("""
     tb = rng.integers(0, 4, 500)
     ev = lmmetrics.Evaluator(token_bytes=tb, ignore_index=-1)
     part = slice(rank * 25, 25 + rank * 15)  # unequal shards: 25 and 15 rows
-    ev.update(z[part], t[part], reference_logits=r[part])
+    doc = np.arange(40) // 7  # document 3 spans both shards
+    ev.update(z[part], t[part], reference_logits=r[part], document_ids=doc[part])
     metrics = ev.all_reduce().compute().as_dict()
     model, data = TinyLM(), batches(n=4)
     bpb = lmmetrics.evaluate_bpb(model, data[rank * 2:rank * 2 + 2], 2, token_bytes_table())
@@ -115,8 +116,11 @@ def test_all_reduce_across_two_gloo_processes(tmp_path):
     r = (z + rng.standard_normal(z.shape) * 0.3).astype(np.float32)
     t = rng.integers(-1, 500, 40)
     tb = rng.integers(0, 4, 500)
-    whole = lmmetrics.evaluate(z, t, token_bytes=tb, reference_logits=r, ignore_index=-1).as_dict()
-    for o in outs:  # every rank holds the global numbers
+    whole = lmmetrics.evaluate(z, t, token_bytes=tb, reference_logits=r, ignore_index=-1,
+                               document_ids=np.arange(40) // 7).as_dict()
+    assert whole["documents"] == 6 and "macro_loss_stderr" in whole and "loss_stderr_documents" in whole
+    for o in outs:  # every rank holds the global numbers, documents split across ranks joined
+        assert o["metrics"].keys() == whole.keys()
         for k, v in whole.items():
             assert o["metrics"][k] == pytest.approx(v, rel=1e-12), k
     expected_bpb = nanochat_bpb(TinyLM(), batches(n=4), 4, token_bytes_table())

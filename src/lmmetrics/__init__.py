@@ -20,6 +20,7 @@ from ._lazy import Projected, model_logits, projected
 from ._cuda import set_cuda_chunk_bytes
 from ._version import __version__
 from .comparison import Comparison, Distribution, Estimate, compare
+from .documents import Documents
 from .evaluation import Evaluator, Metrics, evaluate, evaluate_bpb
 from .tokens import token_bytes
 from .windows import sliding_window_nll
@@ -32,6 +33,6 @@ __all__ = [
     "__version__", "show_config", "token_nll", "cross_entropy", "perplexity", "bits_per_token",
     "bits_per_byte", "bits_per_character", "token_entropy", "token_kl", "kl_divergence",
     "loglikelihood",
-    "evaluate", "Evaluator", "Metrics", "evaluate_bpb", "compare", "Comparison", "Estimate",
+    "evaluate", "Evaluator", "Metrics", "Documents", "evaluate_bpb", "compare", "Comparison", "Estimate",
     "Distribution", "set_cuda_chunk_bytes", "projected", "model_logits", "Projected", "sliding_window_nll", "token_bytes", "convert", "probs",
 ]

@@ -130,17 +130,32 @@ def _score(args: argparse.Namespace) -> int:
 # score's table: each field of Metrics with its unit (fractions as %)
 _UNITS = {"nll_sum": "nats", "loss": "nats per token", "bits_per_token": "bits",
           "bits_per_byte": "bits", "accuracy": "%", "entropy": "nats per token", "kl": "nats per token",
-          "same_top": "%"}
+          "same_top": "%", "loss_ref": "nats per token", "loss_diff": "nats per token"}
 
 
 def _table(d: Dict[str, Any]) -> str:
+    """One line a value with its unit: a mean with its standard error
+    (``± se``; ``(documents ± se)`` clustered by document), the perplexity
+    with its 95% interval."""
+    def num(v: Any, unit: str, digits: int = 6) -> str:
+        return str(v) if isinstance(v, int) else f"{100 * v if unit == '%' else v:.{digits}g}"
+
+    shown = [(k, v) for k, v in d.items() if v is not None and not k.endswith(("_stderr", "_stderr_documents"))
+             and not k.startswith(("perplexity_low", "perplexity_high"))]
     rows = []
-    for k, v in d.items():
-        if v is None:
-            continue
-        unit = _UNITS.get(k, "")
-        text = str(v) if isinstance(v, int) else f"{100 * v if unit == '%' else v:.6g}"
-        rows.append(f"{k:<16}{text}{' ' + unit if unit else ''}")
+    width = max(16, max(len(k) for k, _ in shown) + 2)
+    for k, v in shown:
+        unit = _UNITS.get(k[len("macro_"):] if k.startswith("macro_") else k, "")
+        text = num(v, unit)
+        if d.get(k + "_stderr") is not None:
+            text += f" ± {num(d[k + '_stderr'], unit, 2)}"
+        if d.get(k + "_stderr_documents") is not None:
+            text += f" (documents ± {num(d[k + '_stderr_documents'], unit, 2)})"
+        for tag in ("", "_documents"):
+            if k == "perplexity" and d.get("perplexity_low" + tag) is not None:
+                text += (f" (95%{' documents' if tag else ''}: {num(d['perplexity_low' + tag], '')}"
+                         f" to {num(d['perplexity_high' + tag], '')})")
+        rows.append(f"{k:<{width}}{text}{' ' + unit if unit else ''}")
     return "\n".join(rows)
 
 

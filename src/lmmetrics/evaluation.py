@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _engine
 from ._inputs import as_index_array, as_table
-from ._types import I64Array
+from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr
+from ._types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
-from .metrics import unit_sums
+from .documents import DocumentSums, Documents
+from .metrics import units_of
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,41 @@ class Metrics:
     same_top : float or None
         Fraction of counted tokens whose argmax agrees with the reference's
         (with reference logits, else None).
+    loss_ref : float or None
+        The reference model's mean NLL on the same tokens (with reference
+        logits).
+    loss_diff : float or None
+        Mean over those tokens of NLL(model) - NLL(reference): the paired
+        difference a quantization report needs (``stderr["loss_diff"]`` is
+        its paired standard error; llama.cpp's ln(PPL(Q)/PPL(base))).
+    stderr : dict
+        The standard error of each mean, by name: ``loss`` (the sample
+        standard deviation of the counted tokens' NLL over the square root of
+        their count), ``bits_per_token``, ``bits_per_byte`` (a ratio of sums:
+        the delta method), ``accuracy``, ``entropy``, ``kl``, ``same_top``,
+        ``loss_diff``, and with ``document_ids`` each ``macro_*`` (the sample
+        standard deviation over documents over the square root of their
+        count). Tokens are taken as independent; nan below two tokens.
+    perplexity_interval : tuple of float or None
+        95% interval of the perplexity, ``exp(loss -/+ 1.96 stderr["loss"])``.
+    documents : int or None
+        With ``document_ids``: the documents with at least one counted token.
+    macro_loss, macro_perplexity, macro_bits_per_token, macro_bits_per_byte, macro_accuracy, macro_entropy, macro_kl : float or None
+        With ``document_ids``: the mean over documents of each document's
+        mean (``macro_perplexity = exp(macro_loss)``; ``macro_bits_per_byte``
+        over documents with a byte, ``macro_kl`` over those with reference
+        logits).
+    stderr_documents : dict
+        With ``document_ids``: the standard errors of the token means
+        (``loss``, ``bits_per_token``, ``bits_per_byte``, ``accuracy``,
+        ``entropy``, ``kl``) clustered by document, the honest ones when
+        tokens of a document are not independent (they are not: a document
+        has a topic, a style, a difficulty). Usually larger than ``stderr``.
+    perplexity_interval_documents : tuple of float or None
+        95% interval of the perplexity from the clustered standard error.
+    per_document : Documents or None
+        With ``document_ids``: each document's values (numpy arrays), and
+        lm-eval's per-document aggregations.
     """
 
     tokens: int                       #: counted tokens
@@ -76,24 +113,81 @@ class Metrics:
     entropy: float                    #: mean predictive entropy
     kl: Optional[float] = None        #: mean KL(P_ref || P_model) (with reference logits, else None)
     same_top: Optional[float] = None  #: fraction whose argmax agrees with the reference's
+    loss_ref: Optional[float] = None  #: the reference's mean NLL on the same tokens
+    loss_diff: Optional[float] = None  #: mean NLL(model) - NLL(reference), paired
+    stderr: Mapping[str, float] = field(default_factory=dict)  #: standard error of each mean
+    perplexity_interval: Optional[Tuple[float, float]] = None  #: 95% interval
+    documents: Optional[int] = None    #: documents with a counted token (with document_ids)
+    macro_loss: Optional[float] = None
+    macro_perplexity: Optional[float] = None
+    macro_bits_per_token: Optional[float] = None
+    macro_bits_per_byte: Optional[float] = None
+    macro_accuracy: Optional[float] = None
+    macro_entropy: Optional[float] = None
+    macro_kl: Optional[float] = None
+    stderr_documents: Mapping[str, float] = field(default_factory=dict)  #: clustered by document
+    perplexity_interval_documents: Optional[Tuple[float, float]] = None
+    per_document: Optional[Documents] = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> Dict[str, Optional[float]]:
-        """The fields as a plain dict (JSON-ready).
+        """The values as a flat dict of numbers (JSON-ready).
+
+        Each field in the order of the attributes: the first twelve always
+        (None where they do not apply), the later ones only when they apply
+        (with reference logits, with ``document_ids``); ``stderr`` as ``<name>_stderr`` after its mean,
+        ``stderr_documents`` as ``<name>_stderr_documents``, the intervals as
+        ``perplexity_low`` / ``perplexity_high`` (``..._documents``);
+        ``per_document`` is left out (it has its own ``as_dict``).
 
         Returns
         -------
         dict
-            Field name to value, in the order of the attributes.
         """
-        return asdict(self)
+        out: Dict[str, Optional[float]] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("stderr", "stderr_documents", "per_document"):
+                continue
+            if f.name.startswith("perplexity_interval"):
+                suffix = f.name[len("perplexity_interval"):]
+                if v is not None:
+                    out["perplexity_low" + suffix], out["perplexity_high" + suffix] = v
+                continue
+            if v is None and f.name in _LATER:
+                continue
+            out[f.name] = v
+            if f.name in self.stderr:
+                out[f.name + "_stderr"] = self.stderr[f.name]
+            if f.name in self.stderr_documents:
+                out[f.name + "_stderr_documents"] = self.stderr_documents[f.name]
+        return out
 
     def __str__(self) -> str:
+        skip = ("stderr", "stderr_documents", "per_document", "perplexity_interval",
+                "perplexity_interval_documents")
+        shown = [(f.name, getattr(self, f.name)) for f in fields(self)
+                 if f.name not in skip and getattr(self, f.name) is not None]
+        width = max(16, max(len(k) for k, _ in shown) + 2)
         rows = []
-        for k, v in self.as_dict().items():
-            if v is None:
+        for k, v in shown:
+            if isinstance(v, int):
+                rows.append(f"{k:<{width}}{v}")
                 continue
-            rows.append(f"{k:<16}{v}" if isinstance(v, int) else f"{k:<16}{v:.6g}")
+            line = f"{k:<{width}}{v:.6g}"
+            for d, tag in ((self.stderr, ""), (self.stderr_documents, " (documents)")):
+                if k in d and not math.isnan(d[k]):
+                    line += f" ± {d[k]:.2g}{tag}"
+            if k == "perplexity":
+                for iv, tag in ((self.perplexity_interval, ""),
+                                (self.perplexity_interval_documents, " (documents)")):
+                    if iv is not None and not math.isnan(iv[0]):
+                        line += f" [{iv[0]:.6g}, {iv[1]:.6g}]{tag}"
+            rows.append(line)
         return "\n".join(rows)
+
+
+#: the fields of Metrics after same_top, in as_dict only where they apply
+_LATER = frozenset(f.name for f in fields(Metrics)[[f.name for f in fields(Metrics)].index("same_top") + 1:])
 
 
 @dataclass
@@ -111,6 +205,17 @@ class _Sums:
     nll_sum_bytes: float = 0.0
     entropy_sum: float = 0.0
     kl_sum: float = 0.0
+    # squares and products for the standard errors (Metrics.stderr)
+    nll_sq: float = 0.0          # sum of nll^2
+    nll_sq_bytes: float = 0.0    # sum of nll^2 over the tokens in the byte sums
+    nll_bytes_product: float = 0.0  # sum of nll * bytes
+    bytes_sq: float = 0.0        # sum of bytes^2
+    entropy_sq: float = 0.0
+    kl_sq: float = 0.0
+    # paired with the reference (tokens with reference logits: kl_tokens)
+    nll_sum_paired: float = 0.0  # sum of the model's nll over them
+    ref_nll_sum: float = 0.0     # sum of the reference's nll over them
+    diff_sq: float = 0.0         # sum of (nll - ref_nll)^2
 
 
 _COUNTS = tuple(f.name for f in fields(_Sums) if isinstance(f.default, int))  # the integer fields
@@ -212,11 +317,13 @@ class Evaluator:
         self._token_bytes_in = token_bytes
         self._token_bytes: Optional[I64Array] = None
         self._state = _Sums()
+        self._docs: Optional[DocumentSums] = None  # with document_ids
 
     def reset(self) -> None:
         """Forget everything seen (the settings stay).
         """
         self._state = _Sums()
+        self._docs = None
 
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
@@ -244,7 +351,8 @@ class Evaluator:
             self._token_bytes = as_table(self._token_bytes_in, n_cols, "token_bytes")
         return self._token_bytes
 
-    def update(self, logits: Any, targets: Any, *, reference_logits: Any = None) -> None:
+    def update(self, logits: Any, targets: Any, *, reference_logits: Any = None,
+               document_ids: Any = None) -> None:
         """Add a batch.
 
         All or nothing: an error (or a KeyboardInterrupt) leaves the sums as they
@@ -265,47 +373,102 @@ class Evaluator:
             same shape cannot be swapped): the distribution P_ref the expectation
             is taken over. Same shape as ``logits``; the dtype may differ (a
             float32 base against bfloat16 or float16 logits), each read in its
-            own dtype. Gives ``kl`` and ``same_top``.
+            own dtype. Gives ``kl``, ``same_top``, ``loss_ref`` and ``loss_diff``.
+        document_ids : array_like, torch.Tensor or None, default None
+            Integer document id of each position, shaped like ``targets``
+            (shifted with them under ``shift=True``: a position belongs to the
+            document of the token it predicts). Positions with one id form one
+            document, across batches too. Gives the ``macro_*`` means, the
+            clustered ``stderr_documents`` and ``per_document``. Every batch
+            of an Evaluator has them, or none.
 
         Raises
         ------
         ValueError
             A counted target >= V, targets whose shape does not match the logits',
             NaN in the logits of a counted position, a counted row that is all
-            -inf, or an option out of range.
+            -inf, ``document_ids`` of another shape than the targets (or given
+            for some batches only), or an option out of range.
         TypeError
-            Integer logits or float targets.
+            Integer logits, float targets or float ``document_ids``.
         """
         ref = reference_logits is not None
         full = not self.nll_only
+        docs = self._document_rows(document_ids, targets)
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
-                          nll=True, entropy=full, argmax=full or ref, kl=ref)
+                          nll=True, entropy=full, argmax=full or ref, kl=ref, ref_nll=ref)
+        if docs is not None and docs.size != res.counted.size:
+            raise ValueError(f"document_ids give {docs.size} positions, the logits {res.counted.size}")
         table = self._table(res.n_cols)
         st = replace(self._state)
-        self._add(st, res, table, ref)
-        self._state = st
+        doc_sums = None if docs is None else (self._docs.copy() if self._docs is not None else DocumentSums())
+        self._add(st, res, table, ref, docs, doc_sums)
+        self._state, self._docs = st, doc_sums
 
-    def _add(self, st: _Sums, res: _engine.RowResults, table: Optional[I64Array], ref: bool) -> None:
+    def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
+        """document_ids checked against the targets and this Evaluator's
+        batches so far, flattened (shifted with the targets)."""
+        seen = self._state.tokens + self._state.ignored > 0
+        if document_ids is None:
+            if self._docs is not None:
+                raise ValueError("this Evaluator's batches have document_ids: give them for every batch")
+            return None
+        if seen and self._docs is None:
+            raise ValueError("document_ids for some batches only: this Evaluator's earlier batches had none")
+        doc = as_index_array(document_ids, "document_ids")
+        shape = tuple(int(n) for n in getattr(targets, "shape", np.shape(targets)))
+        if doc.shape != shape:
+            raise ValueError(f"document_ids shape {doc.shape} does not match the targets shape {shape}")
+        if self.shift:
+            doc = doc[..., 1:]
+        if doc.dtype.kind == "u" and doc.size and int(doc.max()) > np.iinfo(np.int64).max:
+            raise ValueError("document_ids must fit in int64")
+        return doc.reshape(-1).astype(np.int64)
+
+    def _add(self, st: _Sums, res: _engine.RowResults, table: Optional[I64Array], ref: bool,
+             docs: Optional[I64Array], doc_sums: Optional[DocumentSums]) -> None:
         n = res.n_counted
-        nll = res.floats("nll")
+        nll = res.floats("nll")  # 0 where not counted, as entropy and KL
         st.tokens += n
         st.ignored += nll.size - n
         st.nll_sum += res.nll_sum
-        if table is None and self.nll_only and not ref:
-            return
+        st.nll_sq += float(np.dot(nll, nll))
         counted = res.counted
+        per_doc: Dict[str, F64Array] = {}
+        if docs is not None:
+            per_doc["tokens"] = counted.astype(np.float64)
+            per_doc["nll_sum"] = nll
         if table is not None:
-            nbytes, nll_bytes = unit_sums(res, table)
-            st.bytes += nbytes
-            st.nll_sum_bytes += nll_bytes
+            units = units_of(res, table)
+            with_units = np.where(units > 0, nll, 0.0)
+            b = units.astype(np.float64)
+            st.bytes += int(units.sum())
+            st.nll_sum_bytes += float(np.sum(with_units))
+            st.nll_sq_bytes += float(np.dot(with_units, with_units))
+            st.nll_bytes_product += float(np.dot(nll, b))
+            st.bytes_sq += float(np.dot(b, b))
+            per_doc["bytes"], per_doc["nll_sum_bytes"] = b, with_units
         if not self.nll_only:
-            st.correct += int(np.count_nonzero(counted & (res.indices("argmax") == res.target_ids)))
-            st.entropy_sum += float(np.sum(res.floats("entropy")))
+            correct = counted & (res.indices("argmax") == res.target_ids)
+            entropy = res.floats("entropy")
+            st.correct += int(np.count_nonzero(correct))
+            st.entropy_sum += float(np.sum(entropy))
+            st.entropy_sq += float(np.dot(entropy, entropy))
+            per_doc["correct"], per_doc["entropy_sum"] = correct.astype(np.float64), entropy
         if ref:
+            kl, ref_nll = res.floats("kl"), res.floats("ref_nll")
+            diff = np.where(counted, nll - ref_nll, 0.0)
             st.kl_tokens += n
-            st.kl_sum += float(np.sum(res.floats("kl")))
+            st.kl_sum += float(np.sum(kl))
+            st.kl_sq += float(np.dot(kl, kl))
             st.same_top += int(np.count_nonzero(counted & (res.indices("argmax") == res.indices("ref_argmax"))))
+            st.nll_sum_paired += res.nll_sum
+            st.ref_nll_sum += float(np.sum(np.where(counted, ref_nll, 0.0)))
+            st.diff_sq += float(np.dot(diff, diff))
+            per_doc["kl_tokens"], per_doc["kl_sum"] = counted.astype(np.float64), kl
+        if docs is not None and doc_sums is not None:
+            doc_sums.add_rows(docs[counted], {k: v[counted] for k, v in per_doc.items()})
 
     def compute(self) -> Metrics:
         """The metrics of everything seen so far.
@@ -319,15 +482,66 @@ class Evaluator:
         n = st.tokens
         loss = st.nll_sum / n if n else math.nan
         has_bytes = self._token_bytes_in is not None
+        full = not self.nll_only
         kn = st.kl_tokens
-        return Metrics(
+        se: Dict[str, float] = {"loss": mean_stderr(st.nll_sum, st.nll_sq, n)}
+        se["bits_per_token"] = se["loss"] / LN2
+        if has_bytes:
+            se["bits_per_byte"] = ratio_stderr(st.nll_sum_bytes, float(st.bytes), st.nll_sq_bytes,
+                                               st.nll_bytes_product, st.bytes_sq, n) / LN2
+        if full:
+            se["accuracy"] = mean_stderr(st.correct, st.correct, n)
+            se["entropy"] = mean_stderr(st.entropy_sum, st.entropy_sq, n)
+        if kn:
+            se["kl"] = mean_stderr(st.kl_sum, st.kl_sq, kn)
+            se["same_top"] = mean_stderr(st.same_top, st.same_top, kn)
+            se["loss_diff"] = mean_stderr(st.nll_sum_paired - st.ref_nll_sum, st.diff_sq, kn)
+        values: Dict[str, Any] = dict(
             tokens=n, ignored=st.ignored, bytes=st.bytes if has_bytes else None,
             nll_sum=st.nll_sum, loss=loss, perplexity=exp(loss) if n else math.nan,
             bits_per_token=loss / LN2, bits_per_byte=self.bits_per_byte() if has_bytes else None,
-            accuracy=st.correct / n if n and not self.nll_only else math.nan,
-            entropy=st.entropy_sum / n if n and not self.nll_only else math.nan,
+            accuracy=st.correct / n if n and full else math.nan,
+            entropy=st.entropy_sum / n if n and full else math.nan,
             kl=st.kl_sum / kn if kn else None,
-            same_top=st.same_top / kn if kn else None)
+            same_top=st.same_top / kn if kn else None,
+            loss_ref=st.ref_nll_sum / kn if kn else None,
+            loss_diff=(st.nll_sum_paired - st.ref_nll_sum) / kn if kn else None,
+            perplexity_interval=_exp_interval(loss, se["loss"]) if n else None)
+        if self._docs is not None:
+            values.update(self._document_values(self._docs, values, se, has_bytes, full))
+        return Metrics(stderr=se, **values)
+
+    def _document_values(self, docs: DocumentSums, micro: Mapping[str, Any], se: Dict[str, float],
+                         has_bytes: bool, full: bool) -> Dict[str, Any]:
+        """The macro means (and their standard errors, into ``se``), the
+        clustered standard errors and the per-document values."""
+        per = Documents.from_sums(docs, has_bytes=has_bytes, full=full, has_kl=micro["kl"] is not None)
+        tokens = docs.column("tokens")
+        out: Dict[str, Any] = {"documents": int(np.count_nonzero(tokens)), "per_document": per}
+        means = {"loss": per.loss, "bits_per_byte": per.bits_per_byte, "accuracy": per.accuracy,
+                 "entropy": per.entropy, "kl": per.kl}
+        for name, v in means.items():
+            if v is None:
+                continue
+            v = v[~np.isnan(v)]
+            out["macro_" + name] = float(np.mean(v)) if v.size else math.nan
+            se["macro_" + name] = mean_stderr(float(np.sum(v)), float(np.dot(v, v)), int(v.size))
+        out["macro_bits_per_token"] = out["macro_loss"] / LN2
+        se["macro_bits_per_token"] = se["macro_loss"] / LN2
+        out["macro_perplexity"] = exp(out["macro_loss"]) if tokens.size else math.nan
+        clustered = {"loss": clustered_stderr(docs.column("nll_sum"), tokens)}
+        clustered["bits_per_token"] = clustered["loss"] / LN2
+        if has_bytes:
+            clustered["bits_per_byte"] = clustered_stderr(docs.column("nll_sum_bytes"), docs.column("bytes")) / LN2
+        if full:
+            clustered["accuracy"] = clustered_stderr(docs.column("correct"), tokens)
+            clustered["entropy"] = clustered_stderr(docs.column("entropy_sum"), tokens)
+        if micro["kl"] is not None:
+            clustered["kl"] = clustered_stderr(docs.column("kl_sum"), docs.column("kl_tokens"))
+        out["stderr_documents"] = clustered
+        if micro["tokens"]:
+            out["perplexity_interval_documents"] = _exp_interval(micro["loss"], clustered["loss"])
+        return out
 
     def bits_per_byte(self) -> float:
         """The bits per byte of everything seen so far.
@@ -377,19 +591,26 @@ class Evaluator:
             When ``other`` has another ``token_bytes`` table.
         """
         self._check_compatible(other)
+        docs = _merged_documents(self, other)
         mine, theirs = asdict(self._state), asdict(other._state)
         self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
+        self._docs = docs
         return self
 
-    def state_dict(self) -> Dict[str, Union[int, float]]:
+    def state_dict(self) -> Dict[str, Any]:
         """The sums as a dict of Python numbers (picklable, JSON-ready).
 
         Returns
         -------
         dict
-            Counts (int) and float64 sums (float); :meth:`load_state_dict` takes it.
+            Counts (int) and float64 sums (float), and with ``document_ids``
+            a ``"documents"`` entry (the ids and each document's sums, as
+            lists); :meth:`load_state_dict` takes it.
         """
-        return asdict(self._state)
+        state: Dict[str, Any] = asdict(self._state)
+        if self._docs is not None:
+            state["documents"] = self._docs.state()
+        return state
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Replace the sums by those of :meth:`state_dict`.
@@ -406,7 +627,7 @@ class Evaluator:
         """
         names = set(_COUNTS + _SUMS)
         missing = names - set(state)
-        unknown = set(state) - names
+        unknown = set(state) - names - {"documents"}
         if missing or unknown:
             raise ValueError(f"not an Evaluator state: missing {sorted(missing)}, unknown {sorted(unknown)}")
         new: Dict[str, Union[int, float]] = {}
@@ -423,7 +644,9 @@ class Evaluator:
         if new["correct"] > new["tokens"] or new["same_top"] > new["kl_tokens"] or new["kl_tokens"] > new["tokens"]:
             raise ValueError("Evaluator state: inconsistent counts (correct, kl_tokens and same_top "
                              "cannot exceed tokens)")
+        docs = DocumentSums.from_state(state["documents"]) if "documents" in state else None
         self._state = _sums(new)
+        self._docs = docs
 
     def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed``.
@@ -447,23 +670,55 @@ class Evaluator:
 
         if not (dist.is_available() and dist.is_initialized()):
             return self
-        state = self.state_dict()
+        state = asdict(self._state)
         device: Union[str, torch.device] = "cpu"
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        vals = torch.tensor([float(v) for v in state.values()], dtype=torch.float64, device=device)
+        # the sums, and the number of ranks holding documents (the last entry)
+        vals = torch.tensor([float(v) for v in state.values()] + [float(self._docs is not None)],
+                            dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
-        self._state = _sums(dict(zip(state, vals.cpu().tolist())))
+        values = vals.cpu().tolist()
+        docs = self._docs
+        if values[-1]:  # some rank has documents: every rank's are gathered and added
+            gathered: List[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(gathered, None if docs is None else docs.state(), group=group)
+            docs = DocumentSums()
+            for part in gathered:
+                if part is not None:
+                    docs.add(DocumentSums.from_state(part))
+        self._state = _sums(dict(zip(state, values[:-1])))
+        self._docs = docs
         return self
 
     def __repr__(self) -> str:
         return f"Evaluator(tokens={self._state.tokens}, ignore_index={self.ignore_index})"
 
 
+def _exp_interval(loss: float, stderr: float) -> Tuple[float, float]:
+    """The 95% interval of exp(loss) from the standard error of the loss."""
+    lo, hi = interval(loss, stderr)
+    return exp(lo), exp(hi)
+
+
 def state_from_floats(values: Mapping[str, float]) -> Dict[str, Union[int, float]]:
     """An Evaluator state from sums carried as floats (counts rounded back
     to integers), e.g. after a float64 all-reduce."""
     return {k: int(round(v)) if k in _COUNTS else float(v) for k, v in values.items()}
+
+
+def _merged_documents(a: Evaluator, b: Evaluator) -> Optional[DocumentSums]:
+    """The documents of two Evaluators added; an error when one has
+    document_ids and the other has seen batches without."""
+    if a._docs is None and b._docs is None:
+        return None
+    for x in (a, b):
+        if x._docs is None and x._state.tokens + x._state.ignored:
+            raise ValueError("cannot merge an Evaluator with document_ids and one whose batches had none")
+    docs = DocumentSums() if a._docs is None else a._docs.copy()
+    if b._docs is not None:
+        docs.add(b._docs)
+    return docs
 
 
 def _same_table(a: Any, b: Any) -> bool:
@@ -475,8 +730,8 @@ def _same_table(a: Any, b: Any) -> bool:
 
 
 def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_logits: Any = None,
-             ignore_index: Optional[int] = -100, shift: Optional[bool] = None, softcap: Optional[float] = None,
-             num_threads: Optional[int] = None) -> Metrics:
+             document_ids: Any = None, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
+             softcap: Optional[float] = None, num_threads: Optional[int] = None) -> Metrics:
     """Every metric of :class:`Metrics` from one read of the logits.
 
     Parameters
@@ -499,7 +754,13 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         same shape cannot be swapped): the distribution P_ref the expectation
         is taken over. Same shape as ``logits``; the dtype may differ (a
         float32 base against bfloat16 or float16 logits), each read in its
-        own dtype. Gives ``kl`` and ``same_top``.
+        own dtype. Gives ``kl``, ``same_top``, ``loss_ref`` and ``loss_diff``.
+    document_ids : array_like, torch.Tensor or None, default None
+        Integer document id of each position, shaped like ``targets``
+        (shifted with them under ``shift=True``). Gives the ``macro_*`` means
+        (the mean over documents of each document's mean), the standard
+        errors clustered by document (``stderr_documents``) and
+        ``per_document``.
     ignore_index : int or None, default -100
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
@@ -544,16 +805,18 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     ignored         0
     bytes           4
     nll_sum         0.916291
-    loss            0.458145
-    perplexity      1.58114
-    bits_per_token  0.660964
-    bits_per_byte   0.330482
-    accuracy        1
-    entropy         0.839376
+    loss            0.458145 ± 0.24
+    perplexity      1.58114 [0.997553, 2.50613]
+    bits_per_token  0.660964 ± 0.34
+    bits_per_byte   0.330482 ± 0.33
+    accuracy        1 ± 0
+    entropy         0.839376 ± 0.2
+    >>> m.stderr["loss"]            # the sample standard deviation of the NLL over sqrt(2)
+    0.2350...
     """
     ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift, softcap=softcap,
                    num_threads=num_threads)
-    ev.update(logits, targets, reference_logits=reference_logits)
+    ev.update(logits, targets, reference_logits=reference_logits, document_ids=document_ids)
     return ev.compute()
 
 

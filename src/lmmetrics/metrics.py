@@ -442,11 +442,17 @@ def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -1
     return as_output(logprob, res), as_output(all_greedy, res)
 
 
+def units_of(res: _engine.RowResults, table: I64Array) -> I64Array:
+    """table[target] per row (bytes or characters), 0 where not counted."""
+    counted = res.counted
+    units: I64Array = np.where(counted, table[np.where(counted, res.target_ids, 0)], 0)
+    return units
+
+
 def unit_sums(res: _engine.RowResults, table: I64Array) -> Tuple[int, float]:
     """(sum table[target], sum NLL of the tokens whose entry is > 0) over
     counted tokens: bytes (or characters) and the NLL that goes with them."""
-    counted = res.counted
-    units = np.where(counted, table[np.where(counted, res.target_ids, 0)], 0)
+    units = units_of(res, table)
     return int(units.sum()), float(np.sum(res.floats("nll")[units > 0]))
 
 

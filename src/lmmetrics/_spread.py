@@ -1,0 +1,65 @@
+"""Standard errors from sums kept in float64 (mergeable, all-reducible):
+of a mean over tokens, of a ratio of sums (bits per byte), of a mean over
+tokens clustered by document, and of a mean over documents. Pure functions
+of sums; :mod:`lmmetrics.evaluation` keeps the sums."""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import numpy as np
+
+from ._types import F64Array
+
+#: the two-sided 95% normal quantile, Phi^-1(0.975)
+Z95 = 1.959963984540054
+
+
+def mean_stderr(total: float, squares: float, n: int) -> float:
+    """The standard error of a mean over ``n`` values from their sum and
+    sum of squares: the sample standard deviation (n - 1) over sqrt(n),
+    which is llama.cpp's ``sqrt((<x^2> - <x>^2) / (n - 1))``. nan below
+    two values; inf when a sum is."""
+    if n < 2:
+        return math.nan
+    if not (math.isfinite(total) and math.isfinite(squares)):
+        return math.inf if not math.isnan(total + squares) else math.nan
+    mean = total / n
+    var = max(squares / n - mean * mean, 0.0) * n / (n - 1)
+    return math.sqrt(var / n)
+
+
+def ratio_stderr(x: float, y: float, xx: float, xy: float, yy: float, n: int) -> float:
+    """The standard error of ``R = sum x / sum y`` over ``n`` paired values
+    (x, y) (the delta method, as for any ratio estimator): ``sqrt(n /
+    (n - 1) * sum (x - R y)^2) / sum y``, from the sums of x, y, x^2, xy and
+    y^2. nan below two values or without y; inf when a sum is."""
+    if n < 2 or y <= 0:
+        return math.nan
+    if not all(math.isfinite(v) for v in (x, xx, xy)):
+        return math.inf
+    r = x / y
+    resid = max(xx - 2.0 * r * xy + r * r * yy, 0.0)
+    return math.sqrt(n / (n - 1) * resid) / y
+
+
+def clustered_stderr(sums: F64Array, counts: F64Array) -> float:
+    """The standard error of the mean over tokens ``sum(sums) / sum(counts)``
+    when tokens of one document are not independent: documents are the
+    units (cluster-robust, with the small-sample factor G / (G - 1)):
+    ``sqrt(G / (G - 1) * sum_g (s_g - mean n_g)^2) / N`` over the G
+    documents' sums s_g and counts n_g. nan below two documents."""
+    g = int(counts.size)
+    n = float(np.sum(counts))
+    if g < 2 or n <= 0:
+        return math.nan
+    total = float(np.sum(sums))
+    if not math.isfinite(total):
+        return math.inf
+    resid = sums - (total / n) * counts
+    return math.sqrt(g / (g - 1) * float(np.dot(resid, resid))) / n
+
+
+def interval(center: float, stderr: float) -> Tuple[float, float]:
+    """The 95% normal interval ``center -/+ 1.96 stderr``."""
+    return center - Z95 * stderr, center + Z95 * stderr

@@ -1,0 +1,200 @@
+"""Per-document sums and values: what :func:`lmmetrics.evaluate` and
+:class:`lmmetrics.Evaluator` keep when given ``document_ids``.
+
+A document is every position whose id is the same, wherever it falls in the
+batches; its sums (counted tokens, NLL, bytes, correct tokens, entropy, KL)
+are float64 and merge by adding, so a document split across batches,
+windows or workers is one document. :class:`Documents` holds each
+document's values (numpy arrays in the order of ``ids``) and lm-eval's
+per-document aggregations (``weighted_perplexity``, ``bits_per_byte``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+import numpy as np
+
+from ._types import F64Array, I64Array
+from .convert import LN2
+
+#: the per-document sums, one column each (counts are exact in float64 below 2^53)
+COLUMNS = ("tokens", "nll_sum", "bytes", "nll_sum_bytes", "correct", "entropy_sum", "kl_tokens", "kl_sum")
+_COL = {name: i for i, name in enumerate(COLUMNS)}
+
+
+class DocumentSums:
+    """Sums per document id (sorted ids, a float64 row of :data:`COLUMNS`
+    each); adding a batch or another DocumentSums adds the rows of equal ids."""
+
+    def __init__(self, ids: Optional[I64Array] = None, sums: Optional[F64Array] = None) -> None:
+        self.ids: I64Array = np.zeros(0, np.int64) if ids is None else ids
+        self.sums: F64Array = np.zeros((0, len(COLUMNS))) if sums is None else sums
+
+    def copy(self) -> DocumentSums:
+        return DocumentSums(self.ids.copy(), self.sums.copy())
+
+    def add_rows(self, doc: I64Array, columns: Mapping[str, F64Array]) -> None:
+        """Add per-position values (each array as long as ``doc``) under
+        their documents' ids."""
+        if not doc.size:
+            return
+        ids, inverse = np.unique(doc, return_inverse=True)
+        block = np.zeros((ids.size, len(COLUMNS)))
+        for name, values in columns.items():
+            block[:, _COL[name]] = np.bincount(inverse, weights=values, minlength=ids.size)
+        self.add(DocumentSums(ids.astype(np.int64), block))
+
+    def add(self, other: DocumentSums) -> None:
+        if not other.ids.size:
+            return
+        ids = np.union1d(self.ids, other.ids)
+        sums = np.zeros((ids.size, len(COLUMNS)))
+        sums[np.searchsorted(ids, self.ids)] += self.sums
+        sums[np.searchsorted(ids, other.ids)] += other.sums
+        self.ids, self.sums = ids, sums
+
+    def state(self) -> Dict[str, List[Any]]:
+        """Plain lists (picklable, JSON-ready): ``ids`` and one list a column."""
+        out: Dict[str, List[Any]] = {"ids": self.ids.tolist()}
+        for name, i in _COL.items():
+            out[name] = self.sums[:, i].tolist()
+        return out
+
+    @classmethod
+    def from_state(cls, state: Any) -> DocumentSums:
+        """The inverse of :meth:`state`; ValueError when it is not one."""
+        if not isinstance(state, Mapping) or set(state) != {"ids", *COLUMNS}:
+            raise ValueError(f"Evaluator state: documents must be a mapping of ids and {list(COLUMNS)}")
+        try:
+            ids = np.asarray(state["ids"], dtype=np.int64).reshape(-1)
+            sums = np.stack([np.asarray(state[c], dtype=np.float64).reshape(-1) for c in COLUMNS], axis=1) \
+                if ids.size else np.zeros((0, len(COLUMNS)))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"Evaluator state: documents hold non-numeric values ({e})") from None
+        if sums.shape[0] != ids.size or np.unique(ids).size != ids.size:
+            raise ValueError("Evaluator state: documents need one row of sums per distinct id")
+        if np.isnan(sums).any() or (sums < 0).any():
+            raise ValueError("Evaluator state: documents' sums must be non-negative numbers")
+        order = np.argsort(ids)
+        return cls(ids[order], sums[order])
+
+    def column(self, name: str) -> F64Array:
+        return self.sums[:, _COL[name]]
+
+
+def _ratio(num: F64Array, den: F64Array) -> F64Array:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+@dataclass(frozen=True, eq=False)
+class Documents:
+    """Each document's values, numpy arrays in the order of ``ids``.
+
+    Only documents with a counted token are listed. ``loglikelihood`` is lm-eval's per-document value (the summed
+    log-probability, ``-nll_sum``); :meth:`word_perplexity`,
+    :meth:`byte_perplexity` and :meth:`corpus_bits_per_byte` aggregate them as
+    lm-eval's ``weighted_perplexity`` and ``bits_per_byte`` do.
+
+    Attributes
+    ----------
+    ids : numpy.ndarray
+        int64 document ids, ascending.
+    tokens : numpy.ndarray
+        int64 counted tokens of each document.
+    nll_sum, loss : numpy.ndarray
+        Summed and mean NLL (nats) of each document.
+    loglikelihood : numpy.ndarray
+        ``-nll_sum``.
+    bytes, bits_per_byte : numpy.ndarray or None
+        int64 UTF-8 bytes of each document's counted targets and its bits per
+        byte (with ``token_bytes``; nan without a byte).
+    accuracy, entropy : numpy.ndarray or None
+        Mean top-1 accuracy and entropy of each document (unless ``nll_only``).
+    kl : numpy.ndarray or None
+        Mean KL of each document's tokens that had reference logits (nan
+        where none had).
+    """
+
+    ids: I64Array
+    tokens: I64Array
+    nll_sum: F64Array
+    loss: F64Array
+    loglikelihood: F64Array
+    bytes: Optional[I64Array] = None
+    bits_per_byte: Optional[F64Array] = None
+    accuracy: Optional[F64Array] = None
+    entropy: Optional[F64Array] = None
+    kl: Optional[F64Array] = None
+
+    @classmethod
+    def from_sums(cls, s: DocumentSums, *, has_bytes: bool, full: bool, has_kl: bool) -> Documents:
+        tokens = s.column("tokens")
+        nll = s.column("nll_sum")
+        return cls(
+            ids=s.ids.copy(), tokens=np.rint(tokens).astype(np.int64), nll_sum=nll.copy(),
+            loss=_ratio(nll, tokens), loglikelihood=-nll,
+            bytes=np.rint(s.column("bytes")).astype(np.int64) if has_bytes else None,
+            bits_per_byte=_ratio(s.column("nll_sum_bytes"), LN2 * s.column("bytes")) if has_bytes else None,
+            accuracy=_ratio(s.column("correct"), tokens) if full else None,
+            entropy=_ratio(s.column("entropy_sum"), tokens) if full else None,
+            kl=_ratio(s.column("kl_sum"), s.column("kl_tokens")) if has_kl else None)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def as_dict(self) -> Dict[int, Dict[str, Optional[float]]]:
+        """``{id: {name: value}}`` (JSON-ready apart from the int keys)."""
+        names = ("tokens", "nll_sum", "loss", "loglikelihood", "bytes", "bits_per_byte", "accuracy",
+                 "entropy", "kl")
+        cols = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        return {int(d): {n: (int(v[i]) if v.dtype.kind == "i" else float(v[i])) for n, v in cols.items()}
+                for i, d in enumerate(self.ids)}
+
+    def word_perplexity(self, words: Union[Mapping[int, int], Any]) -> float:
+        """lm-eval's ``word_perplexity``: ``exp(-sum loglikelihood / sum words)``.
+
+        Parameters
+        ----------
+        words : mapping or array_like
+            Each document's word count (lm-eval counts ``re.split(r"\\s+",
+            text)``): a mapping from document id, or an array in the order of
+            ``ids``.
+
+        Returns
+        -------
+        float
+        """
+        return math.exp(float(np.sum(self.nll_sum)) / self._weights(words, "words"))
+
+    def byte_perplexity(self) -> float:
+        """lm-eval's ``byte_perplexity``: ``exp(-sum loglikelihood / sum bytes)``
+        (with ``token_bytes``)."""
+        return math.exp(float(np.sum(self.nll_sum)) / self._weights(self._bytes(), "bytes"))
+
+    def corpus_bits_per_byte(self) -> float:
+        """lm-eval's ``bits_per_byte``: ``-sum loglikelihood / sum bytes / ln 2``
+        (with ``token_bytes``)."""
+        return float(np.sum(self.nll_sum)) / self._weights(self._bytes(), "bytes") / LN2
+
+    def _bytes(self) -> I64Array:
+        if self.bytes is None:
+            raise ValueError("per-document bytes need token_bytes (evaluate(..., token_bytes=...))")
+        return self.bytes
+
+    def _weights(self, w: Any, name: str) -> float:
+        if isinstance(w, Mapping):
+            missing = [int(d) for d in self.ids if int(d) not in w]
+            if missing:
+                raise ValueError(f"{name} has no count for document(s) {missing[:5]}")
+            total = float(sum(w[int(d)] for d in self.ids))
+        else:
+            arr = np.asarray(w, dtype=np.float64).reshape(-1)
+            if arr.size != self.ids.size:
+                raise ValueError(f"{name} has {arr.size} counts for {self.ids.size} documents")
+            total = float(np.sum(arr))
+        if not total > 0:
+            raise ValueError(f"{name} must sum to a positive count, got {total}")
+        return total
