@@ -458,7 +458,9 @@ class Evaluator:
             per_doc["correct"], per_doc["entropy_sum"] = correct.astype(np.float64), entropy
         if ref:
             kl, ref_nll = res.floats("kl"), res.floats("ref_nll")
-            diff = np.where(counted, nll - ref_nll, 0.0)
+            with np.errstate(invalid="ignore"):  # inf - inf: both models rule the target out
+                diff = np.where(counted, nll - ref_nll, 0.0)
+            diff[np.isnan(diff)] = np.inf  # a sum of squares never holds NaN (state_dict refuses it)
             st.kl_tokens += n
             st.kl_sum += float(np.sum(kl))
             st.kl_sq += float(np.dot(kl, kl))
@@ -696,7 +698,10 @@ class Evaluator:
 
 
 def _exp_interval(loss: float, stderr: float) -> Tuple[float, float]:
-    """The 95% interval of exp(loss) from the standard error of the loss."""
+    """The 95% interval of exp(loss) from the standard error of the loss
+    (inf to inf when a token's NLL is: the mean is then surely inf)."""
+    if loss == math.inf:
+        return math.inf, math.inf
     lo, hi = interval(loss, stderr)
     return exp(lo), exp(hi)
 

@@ -49,7 +49,8 @@ def as_output(values: _Values, res: _engine.RowResults) -> Union[_Values, torch.
 def _per_position(values: F64Array, res: _engine.RowResults) -> Union[FloatArray, torch.Tensor]:
     """Per-row values shaped like the logits without their vocabulary axis:
     float64 for float64 logits, else float32."""
-    typed: FloatArray = values if res.dtype == "float64" else values.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range is inf, as the value is there
+        typed: FloatArray = values if res.dtype == "float64" else values.astype(np.float32)
     return as_output(typed.reshape(res.lead_shape), res)
 
 
