@@ -350,7 +350,7 @@ def ref_entropy_rows(lp):
     return -np.where(p > 0, p * lp, 0.0).sum(axis=1)
 
 
-@np.errstate(invalid="ignore")
+@np.errstate(invalid="ignore", over="ignore")
 def ref_kl_rows(lr, lz, r=None, z=None):
     """KL per row from log-probabilities, in float64: the entries whose
     reference probability is above 0 in float64 count (inf where the model

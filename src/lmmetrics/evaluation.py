@@ -426,6 +426,7 @@ class Evaluator:
             raise ValueError("document_ids must fit in int64")
         return doc.reshape(-1).astype(np.int64)
 
+    @np.errstate(over="ignore")  # squares past float64's range are inf, as their sums
     def _add(self, st: _Sums, res: _engine.RowResults, table: Optional[I64Array], ref: bool,
              docs: Optional[I64Array], doc_sums: Optional[DocumentSums]) -> None:
         n = res.n_counted
