@@ -392,12 +392,18 @@ class Evaluator:
         TypeError
             Integer logits, float targets or float ``document_ids``.
         """
+        self._update_rows(logits, targets, reference_logits=reference_logits, document_ids=document_ids)
+
+    def _update_rows(self, logits: Any, targets: Any, *, reference_logits: Any = None, document_ids: Any = None,
+                    **more: bool) -> _engine.RowResults:
+        """:meth:`update`, returning the pass's per-row results (for the CLI's
+        per-token export); ``more`` asks the pass for further outputs."""
         ref = reference_logits is not None
         full = not self.nll_only
         docs = self._document_rows(document_ids, targets)
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
-                          nll=True, entropy=full, argmax=full or ref, kl=ref, ref_nll=ref)
+                          nll=True, entropy=full, argmax=full or ref, kl=ref, ref_nll=ref, **more)
         if docs is not None and docs.size != res.counted.size:
             raise ValueError(f"document_ids give {docs.size} positions, the logits {res.counted.size}")
         table = self._table(res.n_cols)
@@ -405,6 +411,7 @@ class Evaluator:
         doc_sums = None if docs is None else (self._docs.copy() if self._docs is not None else DocumentSums())
         self._add(st, res, table, ref, docs, doc_sums)
         self._state, self._docs = st, doc_sums
+        return res
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's

@@ -1,0 +1,82 @@
+"""``lmmetrics score --plot FILE.png``: the mean NLL at each position of the
+sequence and the calibration (reliability) curve, side by side, drawn with
+matplotlib (optional; Agg, no screen) into a temporary file renamed into
+place."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import InputError
+
+#: the figure's size in pixels (width, height): 2 panels
+SIZE = (1200, 450)
+_DPI = 100
+
+
+def check_path(path: str) -> None:
+    """InputError unless ``path`` ends in .png, matplotlib imports and its
+    folder can be written."""
+    if os.path.splitext(path)[1].lower() != ".png":
+        raise InputError(f"--plot {path}: the file must end in .png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise InputError(f"--plot {path}: cannot write into {folder}")
+
+
+def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.NDArray[np.float64],
+         calibration: Optional[Any] = None, title: str = "") -> None:
+    """Draw the per-position mean NLL (nats; positions with no counted token
+    left out) and, given a calibration (``bin_edges``, ``confidence``,
+    ``accuracy``, ``counts``, ``ece``), the reliability diagram."""
+    check_path(path)
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(SIZE[0] / _DPI, SIZE[1] / _DPI), dpi=_DPI)
+    ax, cal = fig.subplots(1, 2)
+    pos = np.flatnonzero(position_count > 0)
+    ax.plot(pos, position_nll[pos] / position_count[pos], lw=1)
+    ax.set_xlabel("position in the sequence")
+    ax.set_ylabel("mean NLL (nats)")
+    ax.set_title("NLL by position")
+    ax.grid(alpha=0.3)
+    cal.plot([0, 1], [0, 1], color="gray", lw=1, ls="--", label="calibrated")
+    if calibration is not None:
+        filled = np.asarray(calibration.counts) > 0
+        mids = 0.5 * (np.asarray(calibration.bin_edges[:-1]) + np.asarray(calibration.bin_edges[1:]))
+        width = float(np.diff(calibration.bin_edges).max())
+        cal.bar(mids[filled], np.asarray(calibration.accuracy)[filled], width=width * 0.9, alpha=0.6,
+                label="top-1 accuracy")
+        cal.plot(np.asarray(calibration.confidence)[filled], np.asarray(calibration.accuracy)[filled], "o-",
+                 ms=3, lw=1, label="mean confidence")
+        cal.set_title(f"calibration (ECE {calibration.ece:.4f})")
+    else:
+        cal.set_title("calibration")
+    cal.set_xlim(0, 1)
+    cal.set_ylim(0, 1)
+    cal.set_xlabel("confidence (top token's probability)")
+    cal.set_ylabel("accuracy")
+    cal.legend(loc="upper left")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".lmmetrics-", suffix=".png", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=_DPI)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
