@@ -327,7 +327,8 @@ def _compare(args: argparse.Namespace) -> int:
         given = " ".join([args.logits, args.targets, *args.extra])
         raise InputError(f"compare takes LOGITS TARGETS --reference REFERENCE_LOGITS (got {given!r}"
                          f"{'' if args.reference is None else ' --reference ' + args.reference}); the old form "
-                         f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed")
+                         f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed; several "
+                         f"files go as a directory or a quoted glob ('shards/*.npy')")
     if args.format == "llama.cpp" and (args.json or args.token_bytes):
         raise InputError(f"--format llama.cpp prints llama.cpp's table alone; "
                          f"{'--json' if args.json else '--token-bytes'} needs --format table")
@@ -399,6 +400,8 @@ class _Parser(argparse.ArgumentParser):
     exit code 2, like every other bad input."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments"):  # most often a glob the shell expanded
+            message += "; several files go to score and compare as a directory or a quoted glob ('shards/*.npy')"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -460,6 +463,17 @@ examples:
   lmmetrics score logits.npy targets.npy --token-bytes token_bytes.npy
   lmmetrics score dump.safetensors targets.pt --key logits --json
   lmmetrics score dump.pt dump.pt --shift          a dump of {logits, labels}, labels unshifted
+  lmmetrics score logits/ targets/                 shards: the files of each directory, paired in sorted order
+  lmmetrics score 'run/logits-*.npy' 'run/targets-*.npy'     a glob each (quoted: lmmetrics expands it)
+  lmmetrics score dumps/ dumps/ --shift            shards of {logits, labels} dumps
+
+LOGITS and TARGETS are each a file, a directory (its .npy / .npz /
+.safetensors / .pt / .pth files) or a glob; their files are paired in sorted
+order and scored through one Evaluator, every shard checked before any is
+scored. --shift refuses targets that are certainly aligned already (one
+position fewer than the logits, or labels equal to the dump's input_ids
+shifted by one); without --shift, targets equal to the dump's input_ids are
+refused (every token would predict itself).
 
 table: loss and entropy in nats per token, bits per token / byte in bits,
 accuracy in %. --json: one line of strict JSON, the same fields, fractions
@@ -472,6 +486,10 @@ examples:
   lmmetrics compare quant.npy targets.npy --reference base.npy
   lmmetrics compare q.safetensors labels.pt --reference base.pt --reference-key logits --shift
   lmmetrics compare quant.npy targets.npy --reference base.npy --format llama.cpp
+  lmmetrics compare quant/ targets/ --reference base/       shards, paired in sorted order
+
+LOGITS, TARGETS and --reference are each a file, a directory or a glob, as
+for score.
 
 table: KLD and ln(PPL(Q)/PPL(base)) in nats, Δp, RMS Δp and same top p in %.
 --format llama.cpp prints llama-perplexity --kl-divergence's statistics byte for
@@ -535,18 +553,19 @@ def _parser() -> argparse.ArgumentParser:
                    "Every metric of LOGITS (..., V) against TARGETS (...), from .npy (memory-mapped), "
                    ".npz,\n.safetensors (memory-mapped) or .pt files, read in chunks of --chunk-mb.",
                    _SCORE_EPILOG, [files])
-    s.add_argument("logits", metavar="LOGITS")
-    s.add_argument("targets", metavar="TARGETS")
+    s.add_argument("logits", metavar="LOGITS", help="a file, a directory of shards or a glob")
+    s.add_argument("targets", metavar="TARGETS", help="a file, a directory or a glob (as many files as LOGITS)")
     c = _subparser(sub, "compare", "a model's logits against a reference model's (llama.cpp's KLD statistics)",
                    "The statistics of llama-perplexity --kl-divergence for a model's LOGITS against a "
                    "reference\n(base) model's, on the same TARGETS: perplexities and their ratio, KL "
                    "divergence and Δp\npercentiles, top-token agreement. Both logits are read once, "
                    "together.", _COMPARE_EPILOG, [files])
-    c.add_argument("logits", metavar="LOGITS")
-    c.add_argument("targets", metavar="TARGETS")
+    c.add_argument("logits", metavar="LOGITS", help="a file, a directory of shards or a glob")
+    c.add_argument("targets", metavar="TARGETS", help="a file, a directory or a glob (as many files as LOGITS)")
     c.add_argument("extra", nargs="*", help=argparse.SUPPRESS)  # the old REFERENCE LOGITS TARGETS form
     c.add_argument("--reference", metavar="REFERENCE_LOGITS",
-                   help="the reference (base) model's logits, the same shape as LOGITS (required)")
+                   help="the reference (base) model's logits, the same shape as LOGITS: a file, a "
+                        "directory or a glob (required)")
     c.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
     c.add_argument("--format", choices=["table", "llama.cpp"], default="table",
                    help="table: with units and the token count (default); llama.cpp: llama-perplexity's "
