@@ -16,8 +16,6 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lmmetrics.torchmetrics import LanguageModelMetrics  # noqa: E402
 
 V, T, B = 13, 9, 4
-# Lightning's own use of a deprecated torch pytree name, not ours
-pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 
 
 def data(n, seed):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields as dataclass_fields
-from typing import Any, Callable, Dict, ItemsView, Iterator, KeysView, Optional, Sequence, ValuesView
+from typing import Any, Callable, Dict, ItemsView, Iterator, KeysView, Optional, Sequence, Tuple, ValuesView, cast
 
 import torch
 from torch.nn import Module, ModuleDict
@@ -230,7 +230,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
         """``(prefix + field, one-value metric)`` pairs, as ``self.log_dict`` reads them."""
         return self._named().items()
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  # Metric's is None: not iterable
         return iter(self._named())
 
     def __len__(self) -> int:
@@ -253,7 +253,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
         raise KeyError(f"{name!r}: this metric holds {list(named)} (fields= chooses them)")
 
     def _named(self) -> Dict[str, Metric]:
-        return {self.prefix + f: m for f, m in self._fields.items()}
+        return {self.prefix + f: cast(Metric, m) for f, m in self._fields.items()}
 
     def _field_total(self, field: str) -> torch.Tensor:
         """The field's value over the batches seen (from compute(), cached
@@ -277,6 +277,7 @@ class _Field(Metric):
     is_differentiable = False
     higher_is_better: Optional[bool] = None
     full_state_update = False
+    _owner: Tuple[LanguageModelMetrics]
 
     def __init__(self, owner: LanguageModelMetrics, field: str) -> None:
         super().__init__()
