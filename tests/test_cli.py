@@ -445,3 +445,161 @@ def test_score_table_units(files, capsys):
     assert rows["bits_per_token"].endswith(" bits") and rows["bits_per_byte"].endswith(" bits")
     assert rows["entropy"].endswith(" nats per token") and rows["accuracy"].endswith(" %")
     assert rows["nll_sum"].endswith(" nats") and rows["tokens"].isdigit()
+
+
+# ---------------------------------------------------------------------------
+# Shards: a directory or a glob for each input, paired in sorted order, one
+# Evaluator across them, against the concatenated arrays in one call.
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(5)
+    lengths = (2, 1, 3, 2)  # sequences per shard, of 12 positions over 50 tokens
+    zs = [(rng.standard_normal((n, 12, 50)) * 2).astype(np.float32) for n in lengths]
+    rs = [(z + rng.standard_normal(z.shape) * 0.4).astype(np.float32) for z in zs]
+    ts = [rng.integers(0, 50, (n, 12)) for n in lengths]
+    ts[0][0, :4] = -100
+    for name in ("logits", "targets", "ref", "dumps"):
+        (d / name).mkdir()
+    for i, (z, r, t) in enumerate(zip(zs, rs, ts)):
+        np.save(d / "logits" / f"part-{i:03d}.npy", z)
+        np.save(d / "ref" / f"part-{i:03d}.npy", r)
+        np.save(d / "targets" / f"part-{i:03d}.npy", t)
+        np.savez(d / "dumps" / f"part-{i:03d}.npz", logits=z, labels=t)
+    (d / "logits" / "notes.txt").write_text("not a shard")  # other files in a directory are not shards
+    return d, np.concatenate(zs), np.concatenate(rs), np.concatenate(ts)
+
+
+def _reference_scores(z, t, shift=False):
+    """float64 NLL mean and count of the concatenated arrays."""
+    if shift:
+        z, t = z[:, :-1], t[:, 1:]
+    nll = ref_nll(z.astype(np.float64), t)
+    c = t >= 0
+    return float(nll[c].mean()), int(c.sum())
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_score_shards_directory_and_glob(shards, shift):
+    d, z, r, t = shards
+    flag = ["--shift"] if shift else []
+    want = lmmetrics.evaluate(z, t, shift=shift).as_dict()
+    loss, tokens = _reference_scores(z, t, shift)
+    for logits, targets in ((d / "logits", d / "targets"), (f"{d}/logits/part-*.npy", f"{d}/targets/*.npy"),
+                            (d / "dumps", d / "dumps")):
+        got = json.loads(run("score", logits, targets, "--json", "--chunk-mb", 0.01, *flag).stdout)
+        check(got, want)
+        assert got["tokens"] == tokens and got["loss"] == pytest.approx(loss, rel=1e-6)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_compare_shards(shards, shift):
+    d, z, r, t = shards
+    flag = ["--shift"] if shift else []
+    got = json.loads(run("compare", d / "logits", f"{d}/targets/*.npy", "--reference", d / "ref", "--json",
+                         *flag).stdout)
+    _same_comparison(got, lmmetrics.compare(z, t, reference_logits=r, shift=shift).as_dict())
+    loss, tokens = _reference_scores(z, t, shift)
+    assert got["tokens"] == tokens and math.log(got["ppl"]["value"]) == pytest.approx(loss, rel=1e-6)
+
+
+def test_single_files_still_take_no_shard_prefix(shards, tmp_path, capsys):
+    d = shards[0]
+    one = d / "logits" / "part-000.npy"
+    err = main_error(capsys, "score", one, d / "targets" / "part-001.npy")
+    assert "error: targets shape (1, 12) does not match the logits rows (2, 12)" in err and "shard" not in err
+
+
+def test_shard_errors_are_one_line(shards, tmp_path, capsys):
+    d = shards[0]
+    (tmp_path / "empty").mkdir()
+    err = main_error(capsys, "score", d / "logits", tmp_path / "empty")
+    assert "empty: the directory holds no .npy, .npz, .safetensors, .pt, .pth file (targets)" in err
+    err = main_error(capsys, "score", d / "logits", f"{tmp_path}/nothing-*.npy")
+    assert "the pattern matches no file (targets)" in err
+    err = main_error(capsys, "score", d / "logits", f"{d}/targets/part-00[0-2].npy")
+    assert "different numbers of files (LOGITS" in err and " 4, TARGETS " in err and " 3)" in err
+    err = main_error(capsys, "compare", d / "logits", d / "targets", "--reference", f"{d}/ref/part-000.npy")
+    assert "--reference" in err and "paired in sorted order" in err
+    # shapes that do not pair: the shard is named, before any is scored
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for i, name in enumerate(sorted(os.listdir(d / "targets"))):
+        shutil.copy(d / "targets" / name, mixed / name)
+    np.save(mixed / "part-002.npy", np.zeros((3, 11), np.int64))
+    err = main_error(capsys, "score", d / "logits", mixed)
+    assert "shard 3 of 4" in err and "part-002.npy" in err and "does not match the logits rows (3, 12)" in err
+    # another vocabulary in a later shard
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    for i, name in enumerate(sorted(n for n in os.listdir(d / "logits") if n.endswith(".npy"))):
+        z = np.load(d / "logits" / name)
+        np.save(vocab / name, z[..., :40] if i == 3 else z)
+    err = main_error(capsys, "score", vocab, d / "targets")
+    assert "shard 4 of 4" in err and "vocabulary of 40, the logits 50" in err
+
+
+# ---------------------------------------------------------------------------
+# --shift and targets that certainly cannot be unshifted labels (or that
+# certainly are, without --shift)
+
+def test_shift_refuses_targets_one_position_short(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    np.save(tmp_path / "aligned.npy", t[:, 1:])
+    err = main_error(capsys, "score", d / "z.npy", tmp_path / "aligned.npy", "--shift")
+    assert "these targets are already aligned" in err and "drop --shift" in err
+    err = main_error(capsys, "score", d / "z.npy", tmp_path / "aligned.npy")
+    assert "logits[..., :-1, :]" in err and "with --shift" in err
+
+
+def test_shift_refuses_a_dump_of_aligned_labels(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    ids = t.copy()
+    ids[ids < 0] = 7
+    aligned = np.full_like(ids, -100)
+    aligned[:, :-1] = ids[:, 1:]  # labels already shifted, the last position padded
+    aligned[0, :5] = -100         # and a masked prompt
+    np.savez(tmp_path / "aligned.npz", logits=z, input_ids=ids, labels=aligned)
+    err = main_error(capsys, "score", tmp_path / "aligned.npz", tmp_path / "aligned.npz", "--shift")
+    assert "already aligned" in err and "input_ids[..., t + 1]" in err and "drop --shift" in err
+    # without --shift they are what they look like: aligned with the logits
+    want = lmmetrics.evaluate(z, aligned).as_dict()
+    check(main_json(capsys, "score", tmp_path / "aligned.npz", tmp_path / "aligned.npz", "--json"), want)
+    # input_ids in the logits file, the labels in their own
+    np.savez(tmp_path / "z_ids.npz", logits=z, input_ids=ids)
+    np.save(tmp_path / "labels.npy", aligned)
+    err = main_error(capsys, "compare", tmp_path / "z_ids.npz", tmp_path / "labels.npy", "--reference", d / "r.npy",
+                     "--shift")
+    assert "already aligned" in err
+    # unshifted labels (equal to input_ids where counted) pass with --shift
+    unshifted = ids.copy()
+    unshifted[0, :5] = -100
+    np.savez(tmp_path / "hf.npz", logits=z, input_ids=ids, labels=unshifted)
+    check(main_json(capsys, "score", tmp_path / "hf.npz", tmp_path / "hf.npz", "--shift", "--json"),
+          lmmetrics.evaluate(z, unshifted, shift=True).as_dict())
+    # a sequence of one repeated token is both: nothing is certain, nothing is refused
+    same = np.full_like(ids, 3)
+    same_aligned = same.copy()
+    same_aligned[:, -1] = -100
+    np.savez(tmp_path / "same.npz", logits=z, input_ids=same, labels=same_aligned)
+    check(main_json(capsys, "score", tmp_path / "same.npz", tmp_path / "same.npz", "--shift", "--json"),
+          lmmetrics.evaluate(z, same_aligned, shift=True).as_dict())
+
+
+def test_no_shift_refuses_targets_equal_to_input_ids(files, tmp_path, capsys):
+    d, z, r, t, tb = files
+    ids = np.abs(t)
+    np.savez(tmp_path / "hf.npz", logits=z, input_ids=ids, labels=ids)
+    err = main_error(capsys, "score", tmp_path / "hf.npz", tmp_path / "hf.npz")
+    assert "equal input_ids" in err and "every token would predict itself" in err and "add --shift" in err
+    err = main_error(capsys, "score", tmp_path / "hf.npz", tmp_path / "hf.npz", "--targets-key", "input_ids")
+    assert "add --shift" in err
+    check(main_json(capsys, "score", tmp_path / "hf.npz", tmp_path / "hf.npz", "--shift", "--json"),
+          lmmetrics.evaluate(z, ids, shift=True).as_dict())
+    # labels that differ from input_ids anywhere (a masked prompt) are not judged
+    lab = ids.copy()
+    lab[:, :2] = -100
+    np.savez(tmp_path / "masked.npz", logits=z, input_ids=ids, labels=lab)
+    check(main_json(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz", "--json"),
+          lmmetrics.evaluate(z, lab).as_dict())

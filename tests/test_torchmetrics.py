@@ -177,3 +177,44 @@ def test_sync_across_two_gloo_processes(tmp_path):
         assert o["bpb"] == pytest.approx(want["bits_per_byte"].item(), rel=1e-12)
         for k, v in want.items():
             assert o["every"][k] == pytest.approx(v.item(), rel=1e-12), k
+
+
+def test_language_model_metrics_as_a_mapping_for_log_dict():
+    """What Lightning's log_dict reads: items() of prefix + field to metrics
+    whose compute() is a tensor and whose reset() resets the shared states."""
+    tb = torch.arange(V) % 3
+    m = LanguageModelMetrics(token_bytes=tb, prefix="val/")
+    assert list(m) == list(m.keys()) == ["val/" + k for k in ("tokens", "ignored", "bytes", "nll_sum", "loss",
+                                                              "perplexity", "bits_per_token", "bits_per_byte",
+                                                              "accuracy", "entropy")]
+    assert len(m) == 10 and "val/loss" in m and "loss" not in m and bool(m)
+    assert m["val/loss"] is m["loss"] and dict(m.items())["val/loss"] is m["loss"]
+    assert all(isinstance(v, tm.Metric) for v in m.values())
+    data = batches()
+    for z, t in data:
+        batch = m(z, t)
+        for k, field in m.items():  # on_step: the batch's value
+            assert torch.equal(field._forward_cache, batch[k])
+    total = m.compute()
+    assert set(total) == set(m)  # compute() keys carry the prefix too
+    for k, field in m.items():
+        assert field.compute().dtype == torch.float64 and torch.equal(field.compute(), total[k])
+    m["perplexity"].reset()  # resets every field
+    assert m.tokens.item() == 0
+    with pytest.raises(TypeError, match="update the LanguageModelMetrics"):
+        m["loss"].update(*data[0])
+    with pytest.raises(KeyError, match="fields= chooses"):
+        m["kl"]
+    # kl and same_top on request, nan until an update has reference logits
+    r = LanguageModelMetrics(fields=["kl", "same_top", "loss"])
+    z, t = data[0]
+    r.update(z, t)
+    assert list(r) == ["kl", "same_top", "loss"] and torch.isnan(r["kl"].compute())
+    r.update(z, t, reference_logits=z)
+    assert r["kl"].compute().item() == pytest.approx(0, abs=1e-12)
+    for bad, err in (([], ValueError), (["perplexity", "perplexity"], ValueError), (["ppl"], ValueError),
+                     (["bits_per_byte"], ValueError), ("loss", TypeError)):
+        with pytest.raises(err):
+            LanguageModelMetrics(fields=bad)
+    with pytest.raises(TypeError, match="prefix"):
+        LanguageModelMetrics(prefix=None)

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from ._errors import FileError
 
-__all__ = ["FORMATS", "FileError", "dtype_name", "load_array"]
+__all__ = ["FORMATS", "FileError", "dtype_name", "load_array", "named_array"]
 
 FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 
@@ -398,10 +398,30 @@ def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
     try:
         if ext == ".npy":
             return _npy(path)  # one unnamed array: a key does not apply
-        getters = {".npz": _npz, ".safetensors": _safetensors}.get(ext, _pt)(path)
-        return _pick(path, role, key, getters)
+        return _pick(path, role, key, _getters(path, ext))
     except OSError as e:  # permission denied, an I/O error, a file gone meanwhile
         raise FileError(f"{path}: cannot read ({role}): {e.strerror or _why(e)}") from None
+
+
+def _getters(path: str, ext: str) -> Dict[str, Callable[[], Any]]:
+    """name -> a function giving the array, for a file of several arrays."""
+    return {".npz": _npz, ".safetensors": _safetensors}.get(ext, _pt)(path)
+
+
+def named_array(path: str, name: str) -> Optional[Any]:
+    """The array named ``name`` in ``path`` (an .npz, .safetensors or .pt
+    file of named arrays), or None where the file has no such name (an .npy
+    has none)."""
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS or ext == ".npy":
+        return None
+    _regular_file(path, name)
+    try:
+        getters = _getters(path, ext)
+        return getters[name]() if name in getters else None
+    except OSError as e:
+        raise FileError(f"{path}: cannot read ({name}): {e.strerror or _why(e)}") from None
 
 
 def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]]) -> Any:

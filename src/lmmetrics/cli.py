@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from . import _core
 from ._config import show_config
 from ._engine import check_positive_int
 from ._errors import InputError
-from ._files import dtype_name, load_array
+from ._files import FORMATS, dtype_name, load_array, named_array
 from ._inputs import as_table
 from ._version import __version__
 from .comparison import comparison_from_tokens, token_values
@@ -75,14 +76,73 @@ def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
-def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets") -> npt.NDArray[np.integer[Any]]:
+def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets", *, shift: bool = False) -> Any:
+    """The targets, checked against the logits' shape (not yet flattened)."""
     kind = dtype_name(t) if hasattr(t, "dtype") else ""
     if "int" not in kind:
         raise InputError(f"{name} must hold integers, got dtype {kind}")
-    if tuple(t.shape) != tuple(logits_shape[:-1]):
-        raise InputError(f"{name} shape {tuple(t.shape)} does not match the logits rows "
-                        f"{tuple(logits_shape[:-1])} (logits shape {tuple(logits_shape)})")
-    return np.asarray(t).reshape(-1)
+    shape, rows = tuple(t.shape), tuple(logits_shape[:-1])
+    if shape != rows:
+        hint = ""
+        if rows and shape == rows[:-1] + (rows[-1] - 1,):  # one position fewer: aligned targets
+            hint = ("; these targets are already aligned (targets[..., t] is the token after position t): "
+                    "drop --shift, and give the logits without their last position (--shift wants unshifted "
+                    "labels, as many positions as the logits)" if shift else
+                    "; with one position fewer they look aligned with logits[..., :-1, :]: give the logits "
+                    "without their last position, or unshifted labels (as many positions as the logits) "
+                    "with --shift")
+        raise InputError(f"{name} shape {shape} does not match the logits rows "
+                         f"{rows} (logits shape {tuple(logits_shape)}){hint}")
+    return t
+
+
+def _check_alignment(t: npt.NDArray[np.integer[Any]], ids: Optional[npt.NDArray[Any]], where: str,
+                     args: argparse.Namespace) -> None:
+    """Refuse targets that certainly do not fit --shift (or its absence),
+    judged against the dump's ``input_ids`` (``ids``, of the targets'
+    shape): with --shift, labels already aligned (``targets[..., t] ==
+    input_ids[..., t + 1]`` at every counted position, the last position of
+    each sequence ignored, and not also equal to ``input_ids``); without it,
+    targets equal to ``input_ids`` at every position (unshifted labels: every
+    token would predict itself). Anything less certain passes."""
+    if ids is None or t.ndim < 1 or t.size == 0:
+        return
+    counted = (t >= 0) & (t != args.ignore_index)
+    if not counted.any():
+        return
+    unshifted = bool(np.array_equal(t[counted], ids[counted]))
+    if args.shift:
+        inner = counted[..., :-1]
+        aligned = (not counted[..., -1].any()
+                   and bool(np.array_equal(t[..., :-1][inner], ids[..., 1:][inner])))
+        if aligned and not unshifted:
+            raise InputError(f"--shift: these targets are already aligned: at every counted position "
+                             f"targets[..., t] equals input_ids[..., t + 1] of {where} and each sequence's last "
+                             f"position is ignored (shifted labels); --shift would shift them once more: drop "
+                             f"--shift, and give the logits without their last position")
+    elif np.array_equal(t, ids):
+        raise InputError(f"the targets equal input_ids of {where} at every position: these are unshifted labels "
+                         f"(Hugging Face's), and scored without shifting every token would predict itself; "
+                         f"add --shift")
+
+
+def _input_ids(paths: Sequence[str], shape: Tuple[int, ...]) -> Tuple[Optional[npt.NDArray[Any]], str]:
+    """The integer array named ``input_ids`` of the targets' shape, from the
+    first of ``paths`` (the targets file, then the logits file) holding one,
+    and that file's name; (None, "") where none does."""
+    for p in dict.fromkeys(paths):
+        a = named_array(p, "input_ids")
+        if a is not None and "int" in dtype_name(a) and tuple(a.shape) == shape:
+            return np.asarray(a), p
+    return None, ""
+
+
+def _load_targets(tpath: str, lpath: str, raw: Any, args: argparse.Namespace) -> npt.NDArray[np.integer[Any]]:
+    """The targets of a logits file, checked (shape, --shift), flattened."""
+    t = np.asarray(_targets(load_array(tpath, "targets", args.targets_key), tuple(raw.shape), shift=args.shift))
+    ids, where = _input_ids((tpath, lpath), t.shape)
+    _check_alignment(t, ids, where, args)
+    return t.reshape(-1)
 
 
 def _chunk_rows(vocab: int, itemsize: int, args: argparse.Namespace) -> int:
@@ -112,16 +172,82 @@ def _progress(items: List[_T], args: argparse.Namespace) -> Iterable[_T]:
     return bar
 
 
+def _paths(spec: str, role: str) -> List[str]:
+    """The files ``spec`` names, in sorted order: itself (a file), the files
+    of a directory whose names end in a known format, or a glob's matches."""
+    if os.path.isdir(spec):
+        found = sorted(os.path.join(spec, n) for n in os.listdir(spec)
+                       if not n.startswith(".") and os.path.splitext(n)[1].lower() in FORMATS)
+        if not found:
+            raise InputError(f"{spec}: the directory holds no {', '.join(FORMATS)} file ({role})")
+        return found
+    if not os.path.exists(spec) and any(c in spec for c in "*?["):
+        found = sorted(glob.glob(spec, recursive=True))
+        if not found:
+            raise InputError(f"{spec}: the pattern matches no file ({role})")
+        return found
+    return [spec]
+
+
+def _shards(*specs: Tuple[str, str, str]) -> List[Tuple[str, ...]]:
+    """(label, file / directory / glob, role) of each input -> the shards,
+    a tuple of paths each, paired in sorted order."""
+    lists = [_paths(spec, role) for _, spec, role in specs]
+    if len({len(x) for x in lists}) > 1:
+        counts = ", ".join(f"{label} {spec} {len(x)}" for (label, spec, _), x in zip(specs, lists))
+        raise InputError(f"the inputs name different numbers of files ({counts}); shards are paired in "
+                         f"sorted order, so each must name as many")
+    return list(zip(*lists))
+
+
+_Load = TypeVar("_Load", bound=Tuple[Any, ...])
+
+
+def _opened(shards: List[Tuple[str, ...]], load: Callable[[Tuple[str, ...], Optional[int]], _Load]
+            ) -> Iterable[_Load]:
+    """Each shard's arrays, ``load(paths, vocab)`` (its first array the
+    logits, whose vocabulary every later shard must have). With several
+    shards every one is opened and checked before any is scored, and an
+    error names the shard."""
+    n = len(shards)
+
+    def one(i: int, vocab: Optional[int]) -> _Load:
+        try:
+            return load(shards[i], vocab)
+        except InputError as e:
+            if n == 1:
+                raise
+            raise InputError(f"shard {i + 1} of {n} ({', '.join(shards[i])}): {e}") from None
+
+    first = one(0, None)
+    vocab = int(first[0].shape[-1])
+    if n > 1:
+        del first
+        for i in range(1, n):
+            one(i, vocab)
+        first = one(0, vocab)
+    yield first
+    for i in range(1, n):
+        yield one(i, vocab)
+
+
 def _score(args: argparse.Namespace) -> int:
-    raw = load_array(args.logits, "logits", args.key)
-    z = _rows(raw, args.logits)
-    t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
+    shards = _shards(("LOGITS", args.logits, "logits"), ("TARGETS", args.targets, "targets"))
     tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
     ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
                    shift=args.shift, num_threads=args.threads)
-    ev.check_vocab(z.shape[1])  # a vocab / token_bytes mismatch fails before any work
-    for zc, _, tc in _pieces(raw, None, t, 1, args):
-        ev.update(zc, tc)
+
+    def load(paths: Tuple[str, ...], vocab: Optional[int]) -> Tuple[Any, npt.NDArray[np.integer[Any]]]:
+        lpath, tpath = paths
+        raw = load_array(lpath, "logits", args.key)
+        _rows(raw, lpath, vocab)
+        return raw, _load_targets(tpath, lpath, raw, args)
+
+    for i, (raw, t) in enumerate(_opened(shards, load)):
+        if i == 0:
+            ev.check_vocab(int(raw.shape[-1]))  # a vocab / token_bytes mismatch fails before any work
+        for zc, _, tc in _pieces(raw, None, t, 1, args):
+            ev.update(zc, tc)
     m = ev.compute()
     print(_json(m.as_dict()) if args.json else _table(m.as_dict()))
     return 0
@@ -216,33 +342,41 @@ def _compare(args: argparse.Namespace) -> int:
         given = " ".join([args.logits, args.targets, *args.extra])
         raise InputError(f"compare takes LOGITS TARGETS --reference REFERENCE_LOGITS (got {given!r}"
                          f"{'' if args.reference is None else ' --reference ' + args.reference}); the old form "
-                         f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed")
+                         f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed; several "
+                         f"files go as a directory or a quoted glob ('shards/*.npy')")
     if args.format == "llama.cpp" and (args.json or args.token_bytes):
         raise InputError(f"--format llama.cpp prints llama.cpp's table alone; "
                          f"{'--json' if args.json else '--token-bytes'} needs --format table")
-    raw = load_array(args.logits, "logits", args.key)
-    z = _rows(raw, args.logits)
-    ref = load_array(args.reference, "reference logits", args.reference_key)
-    r = _rows(ref, args.reference, z.shape[1])
-    if r.shape[0] != z.shape[0]:
-        raise InputError(f"{args.reference} has {r.shape[0]} rows, {args.logits} has {z.shape[0]}")
-    if args.shift and tuple(ref.shape) != tuple(raw.shape):
-        raise InputError(f"{args.reference} is shaped {tuple(ref.shape)}, {args.logits} "
-                         f"{tuple(raw.shape)} (--shift needs the same shape)")
-    t = _targets(load_array(args.targets, "targets", args.targets_key), tuple(raw.shape))
+    shards = _shards(("LOGITS", args.logits, "logits"), ("TARGETS", args.targets, "targets"),
+                     ("--reference", args.reference, "reference logits"))
+
+    def load(paths: Tuple[str, ...], vocab: Optional[int]) -> Tuple[Any, Any, npt.NDArray[np.integer[Any]]]:
+        lpath, tpath, rpath = paths
+        raw = load_array(lpath, "logits", args.key)
+        z = _rows(raw, lpath, vocab)
+        ref = load_array(rpath, "reference logits", args.reference_key)
+        r = _rows(ref, rpath, z.shape[1])
+        if r.shape[0] != z.shape[0]:
+            raise InputError(f"{rpath} has {r.shape[0]} rows, {lpath} has {z.shape[0]}")
+        if args.shift and tuple(ref.shape) != tuple(raw.shape):
+            raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} "
+                             f"{tuple(raw.shape)} (--shift needs the same shape)")
+        return raw, ref, _load_targets(tpath, lpath, raw, args)
+
     table = None
-    if args.token_bytes:
-        table = as_table(load_array(args.token_bytes, "token_bytes"), z.shape[1], "token_bytes")
     parts = []
     counted_ids = []
-    for zc, rc, tc in _pieces(raw, ref, t, 2, args):
-        parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
-                                  softcap=args.softcap, num_threads=args.threads))
-        if table is not None:
-            ids = np.asarray(tc)[..., 1:] if args.shift else np.asarray(tc)
-            ids = ids.reshape(-1)
-            keep = ids >= 0 if args.ignore_index is None else (ids >= 0) & (ids != args.ignore_index)
-            counted_ids.append(ids[keep])
+    for i, (raw, ref, t) in enumerate(_opened(shards, load)):
+        if i == 0 and args.token_bytes:
+            table = as_table(load_array(args.token_bytes, "token_bytes"), int(raw.shape[-1]), "token_bytes")
+        for zc, rc, tc in _pieces(raw, ref, t, 2, args):
+            parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
+                                      softcap=args.softcap, num_threads=args.threads))
+            if table is not None:
+                ids = np.asarray(tc)[..., 1:] if args.shift else np.asarray(tc)
+                ids = ids.reshape(-1)
+                keep = ids >= 0 if args.ignore_index is None else (ids >= 0) & (ids != args.ignore_index)
+                counted_ids.append(ids[keep])
     if not parts:
         raise InputError(f"no counted token to compare: {args.logits} holds no positions")
     values = [np.concatenate(p) for p in zip(*parts)]
@@ -281,6 +415,8 @@ class _Parser(argparse.ArgumentParser):
     exit code 2, like every other bad input."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments"):  # most often a glob the shell expanded
+            message += "; several files go to score and compare as a directory or a quoted glob ('shards/*.npy')"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -342,6 +478,17 @@ examples:
   lmmetrics score logits.npy targets.npy --token-bytes token_bytes.npy
   lmmetrics score dump.safetensors targets.pt --key logits --json
   lmmetrics score dump.pt dump.pt --shift          a dump of {logits, labels}, labels unshifted
+  lmmetrics score logits/ targets/                 shards: the files of each directory, paired in sorted order
+  lmmetrics score 'run/logits-*.npy' 'run/targets-*.npy'     a glob each (quoted: lmmetrics expands it)
+  lmmetrics score dumps/ dumps/ --shift            shards of {logits, labels} dumps
+
+LOGITS and TARGETS are each a file, a directory (its .npy / .npz /
+.safetensors / .pt / .pth files) or a glob; their files are paired in sorted
+order and scored through one Evaluator, every shard checked before any is
+scored. --shift refuses targets that are certainly aligned already (one
+position fewer than the logits, or labels equal to the dump's input_ids
+shifted by one); without --shift, targets equal to the dump's input_ids are
+refused (every token would predict itself).
 
 table: loss and entropy in nats per token, bits per token / byte in bits,
 accuracy in %. --json: one line of strict JSON, the same fields, fractions
@@ -354,6 +501,10 @@ examples:
   lmmetrics compare quant.npy targets.npy --reference base.npy
   lmmetrics compare q.safetensors labels.pt --reference base.pt --reference-key logits --shift
   lmmetrics compare quant.npy targets.npy --reference base.npy --format llama.cpp
+  lmmetrics compare quant/ targets/ --reference base/       shards, paired in sorted order
+
+LOGITS, TARGETS and --reference are each a file, a directory or a glob, as
+for score.
 
 table: KLD and ln(PPL(Q)/PPL(base)) in nats, Δp, RMS Δp and same top p in %.
 --format llama.cpp prints llama-perplexity --kl-divergence's statistics byte for
@@ -417,18 +568,19 @@ def _parser() -> argparse.ArgumentParser:
                    "Every metric of LOGITS (..., V) against TARGETS (...), from .npy (memory-mapped), "
                    ".npz,\n.safetensors (memory-mapped) or .pt files, read in chunks of --chunk-mb.",
                    _SCORE_EPILOG, [files])
-    s.add_argument("logits", metavar="LOGITS")
-    s.add_argument("targets", metavar="TARGETS")
+    s.add_argument("logits", metavar="LOGITS", help="a file, a directory of shards or a glob")
+    s.add_argument("targets", metavar="TARGETS", help="a file, a directory or a glob (as many files as LOGITS)")
     c = _subparser(sub, "compare", "a model's logits against a reference model's (llama.cpp's KLD statistics)",
                    "The statistics of llama-perplexity --kl-divergence for a model's LOGITS against a "
                    "reference\n(base) model's, on the same TARGETS: perplexities and their ratio, KL "
                    "divergence and Δp\npercentiles, top-token agreement. Both logits are read once, "
                    "together.", _COMPARE_EPILOG, [files])
-    c.add_argument("logits", metavar="LOGITS")
-    c.add_argument("targets", metavar="TARGETS")
+    c.add_argument("logits", metavar="LOGITS", help="a file, a directory of shards or a glob")
+    c.add_argument("targets", metavar="TARGETS", help="a file, a directory or a glob (as many files as LOGITS)")
     c.add_argument("extra", nargs="*", help=argparse.SUPPRESS)  # the old REFERENCE LOGITS TARGETS form
     c.add_argument("--reference", metavar="REFERENCE_LOGITS",
-                   help="the reference (base) model's logits, the same shape as LOGITS (required)")
+                   help="the reference (base) model's logits, the same shape as LOGITS: a file, a "
+                        "directory or a glob (required)")
     c.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
     c.add_argument("--format", choices=["table", "llama.cpp"], default="table",
                    help="table: with units and the token count (default); llama.cpp: llama-perplexity's "

@@ -19,13 +19,19 @@ Needs torchmetrics; ``import lmmetrics`` alone does not import this module
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+import math
+from dataclasses import fields as dataclass_fields
+from typing import Any, Callable, Dict, ItemsView, Iterator, KeysView, Optional, Sequence, Tuple, ValuesView, cast
 
 import torch
-from torch.nn import Module
+from torch.nn import Module, ModuleDict
 from torchmetrics import Metric
 
 from .evaluation import Evaluator, Metrics, state_from_floats
+
+_FIELDS = tuple(f.name for f in dataclass_fields(Metrics))
+_WITH_TOKEN_BYTES = ("bytes", "bits_per_byte")
+_WITH_REFERENCE = ("kl", "same_top")
 
 __all__ = ["LanguageModelMetrics", "Perplexity", "BitsPerByte"]
 
@@ -108,9 +114,18 @@ class LanguageModelMetrics(_EvaluatorMetric):
     ``compute()`` returns a dict of float64 tensors (``loss``, ``perplexity``,
     ``bits_per_token``, ``accuracy``, ``entropy``, the counts, and
     ``bits_per_byte`` with ``token_bytes``, ``kl`` and ``same_top`` after
-    updates given ``reference_logits``). The states are float64 sums with
-    ``dist_reduce_fx="sum"`` (torchmetrics syncs them across ranks) and stay
-    float64 under ``.to(dtype)``. No gradient flows.
+    updates given ``reference_logits``), each key led by ``prefix``. The
+    states are float64 sums with ``dist_reduce_fx="sum"`` (torchmetrics syncs
+    them across ranks) and stay float64 under ``.to(dtype)``. No gradient
+    flows.
+
+    For Lightning it is also a mapping of names to one-value metrics, so that
+    ``self.log_dict(self.val_metrics)`` logs each of ``fields`` under
+    ``prefix + field`` (``metric["perplexity"]`` is one of them, for
+    ``self.log``): each has a tensor ``compute()`` (the shared states' value)
+    and its ``reset()`` resets the shared states, so that Lightning computes
+    and resets the metric at the end of each epoch as it does any
+    torchmetrics ``Metric``.
 
     Parameters
     ----------
@@ -131,9 +146,24 @@ class LanguageModelMetrics(_EvaluatorMetric):
     num_threads : int or None, default None
         CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
         (``OMP_NUM_THREADS``). The result does not depend on it.
+    prefix : str, default ""
+        Put before every key of ``compute()`` and of the mapping
+        (``prefix="val/"`` gives ``"val/perplexity"``, ...).
+    fields : sequence of str, optional
+        The fields of :class:`lmmetrics.Metrics` the mapping holds (what
+        ``self.log_dict`` logs). Default: every field that has a value
+        without reference logits (``bytes`` and ``bits_per_byte`` only with
+        ``token_bytes``); name ``kl`` and ``same_top`` to log them (nan
+        while no update had ``reference_logits``).
     **kwargs
         Passed to ``torchmetrics.Metric`` (``sync_on_compute``,
         ``dist_sync_on_step``, ...).
+
+    Raises
+    ------
+    ValueError
+        An unknown field, no field, or ``bytes`` / ``bits_per_byte`` without
+        ``token_bytes``.
 
     Examples
     --------
@@ -144,7 +174,34 @@ class LanguageModelMetrics(_EvaluatorMetric):
     >>> out = metric.compute()
     >>> int(out["tokens"]), round(float(out["perplexity"]), 4)
     (10, 10.0)
+    >>> val = LanguageModelMetrics(prefix="val/", fields=("loss", "perplexity"))
+    >>> list(val)                      # what self.log_dict(val) logs, in a LightningModule
+    ['val/loss', 'val/perplexity']
     """
+
+    def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: bool = False,
+                 softcap: Optional[float] = None, num_threads: Optional[int] = None, prefix: str = "",
+                 fields: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
+        """Set up the metric; the parameters are described in the class's docstring.
+        """
+        super().__init__(ignore_index, token_bytes=token_bytes, shift=shift, softcap=softcap,
+                         num_threads=num_threads, **kwargs)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        if fields is None:
+            skip = _WITH_REFERENCE + (() if token_bytes is not None else _WITH_TOKEN_BYTES)
+            fields = [f for f in _FIELDS if f not in skip]
+        elif isinstance(fields, str):
+            raise TypeError(f"fields must be a sequence of field names, got the str {fields!r}")
+        fields = list(fields)
+        unknown = [f for f in fields if f not in _FIELDS]
+        if unknown or not fields or len(set(fields)) != len(fields):
+            raise ValueError(f"fields must name distinct fields of lmmetrics.Metrics, one or more of "
+                             f"{list(_FIELDS)}; got {fields}")
+        if token_bytes is None and any(f in _WITH_TOKEN_BYTES for f in fields):
+            raise ValueError("the fields bytes and bits_per_byte need token_bytes")
+        self.prefix = prefix
+        self._fields = ModuleDict({f: _Field(self, f) for f in fields})
 
     def compute(self) -> Dict[str, torch.Tensor]:
         """Every metric over the batches seen (synced across ranks).
@@ -153,9 +210,107 @@ class LanguageModelMetrics(_EvaluatorMetric):
         -------
         dict of str to torch.Tensor
             float64 scalars, one per field of :class:`lmmetrics.Metrics` that has
-            a value.
+            a value, each key led by ``prefix``.
         """
-        return {k: self._value(v) for k, v in self._metrics().as_dict().items() if v is not None}
+        return {self.prefix + k: self._value(v) for k, v in self._metrics().as_dict().items() if v is not None}
+
+    # A mapping of prefix + field to the one-value metric of that field
+    # (what Lightning's log_dict takes): not a collections.abc.Mapping, whose
+    # __eq__ would replace torchmetrics' own.
+
+    def keys(self) -> KeysView[str]:
+        """The logged names, ``prefix + field`` for each of ``fields``."""
+        return self._named().keys()
+
+    def values(self) -> ValuesView[Metric]:
+        """The one-value metric of each field, in the order of :meth:`keys`."""
+        return self._named().values()
+
+    def items(self) -> ItemsView[str, Metric]:
+        """``(prefix + field, one-value metric)`` pairs, as ``self.log_dict`` reads them."""
+        return self._named().items()
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  # Metric's is None: not iterable
+        return iter(self._named())
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._named()
+
+    def __getitem__(self, name: Any) -> Any:
+        """The one-value metric of a field, by its logged name (``"val/loss"``)
+        or its field name (``"loss"``); ``self.log(name, metric["loss"])``
+        logs it."""
+        if not isinstance(name, str):
+            return super().__getitem__(name)  # torchmetrics' metric[idx]
+        named = self._named()
+        if name in named:
+            return named[name]
+        if name in self._fields:
+            return self._fields[name]
+        raise KeyError(f"{name!r}: this metric holds {list(named)} (fields= chooses them)")
+
+    def _named(self) -> Dict[str, Metric]:
+        return {self.prefix + f: cast(Metric, m) for f, m in self._fields.items()}
+
+    def _field_total(self, field: str) -> torch.Tensor:
+        """The field's value over the batches seen (from compute(), cached
+        until the next update; nan where it has none)."""
+        total = self.compute().get(self.prefix + field)
+        return self._value(math.nan) if total is None else total
+
+    def _field_batch(self, field: str) -> Optional[torch.Tensor]:
+        """The field's value in the last forward's batch (None before one)."""
+        cache = self._forward_cache
+        return cache.get(self.prefix + field) if isinstance(cache, dict) else None
+
+
+class _Field(Metric):
+    """One field of a :class:`LanguageModelMetrics`, as a metric whose
+    ``compute()`` is a tensor (what Lightning logs): it holds no state of
+    its own; ``compute`` reads the owner's (cached) result, ``reset`` resets
+    the owner, and ``_forward_cache`` is the owner's last batch value, for
+    ``on_step`` logging."""
+
+    is_differentiable = False
+    higher_is_better: Optional[bool] = None
+    full_state_update = False
+    _owner: Tuple[LanguageModelMetrics]
+
+    def __init__(self, owner: LanguageModelMetrics, field: str) -> None:
+        super().__init__()
+        # a tuple, so that the owner is not registered as a submodule (a cycle)
+        object.__setattr__(self, "_owner", (owner,))
+        self.field = field
+
+    @property  # type: ignore[override]
+    def _forward_cache(self) -> Optional[torch.Tensor]:
+        owner = self.__dict__.get("_owner")
+        return None if owner is None else owner[0]._field_batch(self.field)
+
+    @_forward_cache.setter
+    def _forward_cache(self, _value: Any) -> None:
+        pass  # the owner's forward sets it
+
+    def _wrap_compute(self, compute: Callable[..., Any]) -> Callable[..., Any]:
+        return compute  # no cache or sync of its own: the owner's compute does both
+
+    def update(self, *_args: Any, **_kwargs: Any) -> None:
+        raise TypeError(f"update the LanguageModelMetrics, not its field {self.field!r}")
+
+    def compute(self) -> torch.Tensor:
+        """The field's value over the batches seen (nan where it has none)."""
+        return self._owner[0]._field_total(self.field)
+
+    def reset(self) -> None:
+        """Reset the owner (every field)."""
+        super().reset()
+        self._owner[0].reset()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.field!r})"
 
 
 class Perplexity(_EvaluatorMetric):
