@@ -196,7 +196,8 @@ def test_language_model_metrics_as_a_mapping_for_log_dict():
         for k, field in m.items():  # on_step: the batch's value
             assert torch.equal(field._forward_cache, batch[k])
     total = m.compute()
-    assert set(total) == set(m)  # compute() keys carry the prefix too
+    assert set(m) <= set(total) and all(k.startswith("val/") for k in total)  # compute()'s keys carry the prefix
+    assert {"val/loss_stderr", "val/perplexity_low"} <= set(total) - set(m)  # the standard errors, not logged
     for k, field in m.items():
         assert field.compute().dtype == torch.float64 and torch.equal(field.compute(), total[k])
     m["perplexity"].reset()  # resets every field
@@ -218,3 +219,21 @@ def test_language_model_metrics_as_a_mapping_for_log_dict():
             LanguageModelMetrics(fields=bad)
     with pytest.raises(TypeError, match="prefix"):
         LanguageModelMetrics(prefix=None)
+
+
+def test_standard_errors_stream_through_the_states():
+    """The sums of squares are float64 states like the sums: the standard
+    errors of two batches equal evaluate's over both, fields= logs them."""
+    from lmmetrics.torchmetrics import LanguageModelMetrics
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(2, 40, 90, generator=g) * 2
+    t = torch.randint(0, 90, (2, 40), generator=g)
+    m = LanguageModelMetrics(fields=("loss", "loss_stderr", "perplexity_low", "perplexity_high"))
+    m.update(z[0], t[0])
+    m.update(z[1], t[1])
+    whole = lmmetrics.evaluate(z.numpy(), t.numpy())
+    got = m.compute()
+    assert got["loss_stderr"].item() == pytest.approx(whole.stderr["loss"], rel=1e-12)
+    assert got["perplexity_low"].item() == pytest.approx(whole.perplexity_interval[0], rel=1e-12)
+    assert dict(m.items())["loss_stderr"].compute().item() == pytest.approx(whole.stderr["loss"], rel=1e-12)

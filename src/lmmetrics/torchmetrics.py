@@ -29,9 +29,13 @@ from torchmetrics import Metric
 
 from .evaluation import Evaluator, Metrics, state_from_floats
 
-_FIELDS = tuple(f.name for f in dataclass_fields(Metrics))
-_WITH_TOKEN_BYTES = ("bytes", "bits_per_byte")
-_WITH_REFERENCE = ("kl", "same_top")
+# what can be logged: the keys of Metrics.as_dict() without document_ids
+_BASE = tuple(f.name for f in dataclass_fields(Metrics))[:12]  # tokens .. same_top
+_WITH_STDERR = ("loss", "bits_per_token", "bits_per_byte", "accuracy", "entropy", "kl", "same_top", "loss_diff")
+_FIELDS = _BASE + ("loss_ref", "loss_diff", "perplexity_low", "perplexity_high") + tuple(
+    f + "_stderr" for f in _WITH_STDERR)
+_WITH_TOKEN_BYTES = ("bytes", "bits_per_byte", "bits_per_byte_stderr")
+_WITH_REFERENCE = ("kl", "same_top", "loss_ref", "loss_diff", "kl_stderr", "same_top_stderr", "loss_diff_stderr")
 
 __all__ = ["LanguageModelMetrics", "Perplexity", "BitsPerByte"]
 
@@ -150,11 +154,13 @@ class LanguageModelMetrics(_EvaluatorMetric):
         Put before every key of ``compute()`` and of the mapping
         (``prefix="val/"`` gives ``"val/perplexity"``, ...).
     fields : sequence of str, optional
-        The fields of :class:`lmmetrics.Metrics` the mapping holds (what
-        ``self.log_dict`` logs). Default: every field that has a value
-        without reference logits (``bytes`` and ``bits_per_byte`` only with
-        ``token_bytes``); name ``kl`` and ``same_top`` to log them (nan
-        while no update had ``reference_logits``).
+        The keys of :meth:`lmmetrics.Metrics.as_dict` the mapping holds (what
+        ``self.log_dict`` logs). Default: the twelve first fields that have a
+        value without reference logits (``bytes`` and ``bits_per_byte`` only
+        with ``token_bytes``); name ``kl``, ``same_top``, ``loss_ref``,
+        ``loss_diff`` to log them (nan while no update had
+        ``reference_logits``), and ``<mean>_stderr``, ``perplexity_low`` /
+        ``perplexity_high`` for the standard errors and the interval.
     **kwargs
         Passed to ``torchmetrics.Metric`` (``sync_on_compute``,
         ``dist_sync_on_step``, ...).
@@ -190,7 +196,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         if fields is None:
             skip = _WITH_REFERENCE + (() if token_bytes is not None else _WITH_TOKEN_BYTES)
-            fields = [f for f in _FIELDS if f not in skip]
+            fields = [f for f in _BASE if f not in skip]
         elif isinstance(fields, str):
             raise TypeError(f"fields must be a sequence of field names, got the str {fields!r}")
         fields = list(fields)
