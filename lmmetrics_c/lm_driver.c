@@ -34,6 +34,7 @@ static int lm_cpu_avx2(void) {
 static int lm_cpu_avx512(void) {
     unsigned r[4];
     if (!lm_cpu_avx2() || !lm_xcr0_has(0xe6)) return 0; /* opmask, zmm */
+    if (!lm_cpuid(1, 0, r) || !((r[2] >> 23) & 1)) return 0; /* POPCNT (the rank's count) */
     if (!lm_cpuid(7, 0, r)) return 0;
     return ((r[1] >> 16) & 1) && ((r[1] >> 30) & 1); /* AVX-512F, AVX-512BW */
 }
