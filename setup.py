@@ -51,7 +51,7 @@ def _flags_for(kind):
         "base": ["-O3", "-std=c99", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fno-wrapv", "-fvisibility=hidden"],
         "isa": {
             "avx2": ["-mavx2", "-mfma", "-mf16c"],
-            "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
+            "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c", "-mpopcnt"],
             "neon": [],  # baseline on aarch64
         },
         "openmp": [(["-fopenmp"], ["-fopenmp"])],

@@ -44,6 +44,8 @@ cdef extern from "lm_kernel.h" nogil:
         double *kl
         int64_t *ref_argmax
         double *ref_nll
+        int64_t *rank
+        double *top_logprob
         double *nll_sum
         int64_t *n_counted
         int num_threads
@@ -104,10 +106,10 @@ cdef int _signalled(void *arg) noexcept nogil:
 
 # The per-row arrays of a job, in the order run holds them: the targets
 # (read) and the outputs (written); which hold int64, the rest float64.
-_ARRAYS = ("targets", "nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
-cdef int _N_ARRAYS = 7
-cdef bint _INT64[7]
-_INT64[:] = [True, False, False, True, False, True, False]
+_ARRAYS = ("targets", "nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "rank", "top_logprob")
+cdef int _N_ARRAYS = 9
+cdef bint _INT64[9]
+_INT64[:] = [True, False, False, True, False, True, False, True, False]
 
 
 cdef int _hold(object a, Py_buffer *view, int k, int64_t n_rows) except -1:
@@ -147,9 +149,9 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     status is an lm_status value (an int), the totals 0 unless targets (and nll) are given.
     ``logits`` and ``reference`` are (address, row_stride, outer_stride) in
     elements; the caller keeps their memory alive. ``outputs`` is
-    (nll, entropy, argmax, kl, ref_argmax, ref_nll), each an array or None
-    (missing ones None); targets and outputs hold n_rows int64 / float64
-    values (see _ARRAYS). One tuple, not six keywords: past a dozen
+    (nll, entropy, argmax, kl, ref_argmax, ref_nll, rank, top_logprob), each
+    an array or None (missing ones None); targets and outputs hold n_rows
+    int64 / float64 values (see _ARRAYS). One tuple, not eight keywords: past a dozen
     keywords a call costs about 0.6 us more. A KeyboardInterrupt (or
     another exception from a signal handler) during a call from the main
     thread stops it within milliseconds and is raised here."""
@@ -157,8 +159,8 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     cdef int64_t bad = -1, n_counted = 0
     cdef double nll_sum = 0.0
     cdef int status, k, held = 0
-    cdef Py_buffer views[7]
-    cdef void *ptrs[7]
+    cdef Py_buffer views[9]
+    cdef void *ptrs[9]
     cdef list raised = []
     cdef Py_ssize_t n_out = len(outputs)
     _check_buffer("logits", logits)
@@ -198,6 +200,8 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
         job.kl = <double *>ptrs[4]
         job.ref_argmax = <int64_t *>ptrs[5]
         job.ref_nll = <double *>ptrs[6]
+        job.rank = <int64_t *>ptrs[7]
+        job.top_logprob = <double *>ptrs[8]
         job.nll_sum = &nll_sum if job.nll != NULL and job.targets != NULL else NULL
         job.n_counted = &n_counted if job.targets != NULL else NULL
         job.num_threads = num_threads

@@ -4,7 +4,8 @@
  *   lmv_t (a vector of LMV_W lanes of LMV_LANE), lmv_set1, lmv_add, lmv_sub,
  *   lmv_mul, lmv_div, lmv_fma (fused), lmv_max, lmv_min, lmv_abs, lmv_copysign,
  *   lmv_scale, lmv_pow2q, lmv_sel_n0, lmv_zero_below, lmv_any_eq, lmv_store,
- *   lmv_loadu (and optionally lmv_i16_t and lmv_imax16*, and lmv_acc_t,
+ *   lmv_loadu, lmv_cnt_t, lmv_cnt_zero, lmv_cnt_gt, lmv_cnt_sum (the rank's
+ *   count of lanes above a value, in int lanes) (and optionally lmv_i16_t and lmv_imax16*, and lmv_acc_t,
  *   lmv_acc_fma, lmv_acc_sum: the lane sums' type, lmv_t by default),
  * and the dtype macros
  *   LM_ELEM            the storage type, LM_ELEM_NEGINF its -inf,
@@ -427,6 +428,7 @@ typedef struct {
     LMV_LANE max, ref_max;
     int nan;       /* 1: NaN in the model's values, 2: in the reference's */
     int cross_big; /* some cross difference passed LM_CROSS_BIG */
+    int64_t count; /* the rank's: values above its threshold (rank asked) */
 } LM_FN(block_t);
 
 /* A block [README: the pass]: the maxima of (z, r)[0, len) and the sums of
@@ -435,12 +437,13 @@ typedef struct {
  * on). The lanes form d against the lane maxima and the sums are moved to
  * the shifts at the end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
  * does the block again if its maxima pass the maxima before by more than
- * LM_HEAD. */
+ * LM_HEAD. With rank, also the count of the model's values above thr: one
+ * compare and one integer subtract a vector [README: rank]. */
 LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
                                         const LM_FN(ahead_t) pf, const LM_FN(ahead_t) pfr,
                                         double shift, double ref_shift, LMV_LANE lane_max,
                                         LMV_LANE ref_lane_max, const int ent, const int ref,
-                                        const LM_FN(loader_t) ld) {
+                                        const int rank, const lmv_t thr, const LM_FN(loader_t) ld) {
     const int capped = ld.capped;
     const LM_FN(terms_t) kz = LM_FN(terms_)(shift, lane_max), kr = LM_FN(terms_)(ref_shift, ref_lane_max);
     const lmv_t zero = lmv_set1(0.0f), neginf = lmv_set1(-INFINITY);
@@ -448,6 +451,7 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
     LM_FN(lanes_t) a = {zero, zero, zero, zero, neginf, neginf, neginf,
                         lmv_wide_zero(), lmv_wide_zero(), lmv_wide_zero(), lmv_wide_zero()};
     LM_FN(block_t) out;
+    lmv_cnt_t cnt = lmv_cnt_zero(); /* at most 2 LM_BLK / LMV_W a lane */
 #if LM_RAWMAX
     lmv_i16_t imx = lmv_imax16_init(), rimx = imx;
 #endif
@@ -462,6 +466,7 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
             lmv_t za, zb, ra = zero, rb = zero;
             LM_FN(load_)(z + j, ld, &za, &zb);
             LM_FN(prefetch_)(at, j);
+            if (rank) { cnt = lmv_cnt_gt(cnt, za, thr); cnt = lmv_cnt_gt(cnt, zb, thr); }
             if (ref) LM_FN(prefetch_)(ref_at, j);
 #if LM_RAWMAX
             if (!capped) {
@@ -496,6 +501,7 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
     /* every term is finite unless z (r) holds NaN (or +inf, seen by the max) */
     out.nan = (isnan(out.sum) ? 1 : 0) | (ref && isnan(out.ref_sum) ? 2 : 0);
     out.cross_big = ref && LM_FN(hmax_)(a.cross_max) > LM_CROSS_BIG;
+    out.count = rank ? lmv_cnt_sum(cnt) : 0;
     return out;
 }
 
@@ -613,10 +619,11 @@ LM_INLINE LM_FN(ahead_t) LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, c
 }
 
 /* The segment z[0, n) (and r[0, n)) into *st [README: the pass]; next and
- * next_ref are where the data goes on after it (prefetched at its end). */
+ * next_ref are where the data goes on after it (prefetched at its end).
+ * With rank, st->rank counts the values above thr (a lane value). */
 LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
-                                const int ent, const int amax, const int ref,
-                                const int capped, double cap, const void *next,
+                                const int ent, const int amax, const int ref, const int rank,
+                                const int capped, double cap, double thr, const void *next,
                                 const void *next_ref, lm_state *st) {
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
@@ -628,6 +635,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     const lm_side empty = {-INFINITY, -INFINITY, 0.0, 0.0, -1};
     lm_side zs = empty, rs = empty;
     double cross = 0.0;
+    const lmv_t vthr = lmv_set1((LMV_LANE)thr);
+    int64_t count = 0;
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
 
     memset(st, 0, sizeof *st);
@@ -651,7 +660,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             if (exact) { st->exact = 1; return; }
         }
         b = LM_FN(block_)(sp.z, sp.r, sp.len, pf, pfr, lm_effective(zs.shift), lm_effective(rs.shift),
-                          LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs), ent, ref, sp.ld);
+                          LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs), ent, ref, rank, vthr, sp.ld);
+        count += b.count; /* (a redo counts the same values again: not taken) */
         if (b.max == INFINITY || b.ref_max == INFINITY || b.cross_big) { st->exact = 1; return; }
         /* [README: the redo rule] */
         redo = b.max > zs.max + LM_HEAD || (ref && b.ref_max > rs.max + LM_HEAD);
@@ -668,7 +678,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                  ref_here = {(uintptr_t)sp.r, (uintptr_t)sp.r, sp.len};
             b = LM_FN(block_)(sp.z, sp.r, sp.len, here, ref_here, lm_effective(zs.shift),
                               lm_effective(rs.shift), LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs),
-                              ent, ref, sp.ld);
+                              ent, ref, rank, vthr, sp.ld);
             if (b.cross_big) { st->exact = 1; return; }
             LM_FN(take_)(&zs, &rs, &cross, &b, ref);
         }
@@ -712,32 +722,53 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #endif
     st->shift = zs.shift; st->sum = zs.sum; st->dsum = zs.dsum; st->max = zs.max;
     st->ref_shift = rs.shift; st->ref_sum = rs.sum; st->cross = cross; st->ref_max = rs.max;
+    st->rank = count;
 }
 
 /* The exported kernel: specialised for the flag sets the driver uses. */
 static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
-                           double cap, const void *next, const void *next_ref, lm_state *st) {
+                           double cap, double thr, const void *next, const void *next_ref,
+                           lm_state *st) {
     const LM_ELEM *zz = (const LM_ELEM *)z, *rr = (const LM_ELEM *)r;
 #define LM_CASE(f)                                                             \
     case f:                                                                    \
         LM_FN(segment_)(zz, rr, n, (f) & LM_WANT_ENT, (f) & LM_WANT_AMAX,      \
-                        (f) & LM_WANT_REF, (f) & LM_WANT_CAP, cap, next,      \
-                        next_ref, st);                                         \
+                        (f) & LM_WANT_REF, (f) & LM_WANT_RANK, (f) & LM_WANT_CAP, \
+                        cap, thr, next, next_ref, st);                         \
         return;
     switch (flags) {
         LM_CASE(0)
         LM_CASE(LM_WANT_CAP)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_CAP)
+        LM_CASE(LM_WANT_RANK)
+        LM_CASE(LM_WANT_RANK | LM_WANT_CAP)
+        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_RANK)
+        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_RANK | LM_WANT_CAP)
         LM_CASE(LM_WANT_REF)
         LM_CASE(LM_WANT_REF | LM_WANT_CAP)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF)
         LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF | LM_WANT_CAP)
     default:
         LM_FN(segment_)(zz, rr, n, flags & LM_WANT_ENT, flags & LM_WANT_AMAX,
-                        flags & LM_WANT_REF, flags & LM_WANT_CAP, cap, next, next_ref, st);
+                        flags & LM_WANT_REF, flags & LM_WANT_RANK, flags & LM_WANT_CAP, cap, thr,
+                        next, next_ref, st);
     }
 #undef LM_CASE
+}
+
+/* Element k of z as the lanes see it (lm_value_fn): loaded as the pass
+ * loads it, capped by the same lane code (cap > 0), so that the rank's
+ * threshold and the values it is compared with are the same function of
+ * the stored element [README: rank]. */
+static double LM_FN(value)(const void *z, int64_t k, double cap) {
+    LM_ELEM buf[LM_STEP];
+    LMV_LANE tmp[LMV_W];
+    lmv_t a, b;
+    for (int i = 0; i < LM_STEP; i++) buf[i] = ((const LM_ELEM *)z)[k];
+    LM_FN(load_)(buf, LM_FN(loader_)(cap > 0, cap > 0 ? cap : 1.0, LM_STEP), &a, &b);
+    lmv_store(tmp, a);
+    return (double)tmp[0];
 }
 
 /* what this file defined for one instantiation */

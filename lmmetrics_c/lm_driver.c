@@ -34,6 +34,7 @@ static int lm_cpu_avx2(void) {
 static int lm_cpu_avx512(void) {
     unsigned r[4];
     if (!lm_cpu_avx2() || !lm_xcr0_has(0xe6)) return 0; /* opmask, zmm */
+    if (!lm_cpuid(1, 0, r) || !((r[2] >> 23) & 1)) return 0; /* POPCNT (the rank's count) */
     if (!lm_cpuid(7, 0, r)) return 0;
     return ((r[1] >> 16) & 1) && ((r[1] >> 30) & 1); /* AVX-512F, AVX-512BW */
 }
@@ -116,6 +117,12 @@ static lm_segment_fn lm_kernel_for(int isa, int dtype) {
     return fn ? fn : lm_unit_scalar.kernels[dtype];
 }
 
+/* the lane values of that kernel (the same unit) */
+static lm_value_fn lm_value_for(int isa, int dtype) {
+    return lm_unit_for(isa)->kernels[dtype] ? lm_unit_for(isa)->values[dtype]
+                                            : lm_unit_scalar.values[dtype];
+}
+
 /* A read-only pass over a buffer (the speed limit the benchmarks compare
  * with): an ISA's float max loop over 64 KB chunks, split across threads;
  * the bytes after the last whole chunk are ORed. */
@@ -146,6 +153,7 @@ uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads, int isa, i
 typedef struct {
     const lm_job *job;
     lm_segment_fn fn;
+    lm_value_fn value; /* the kernel's lane values (the rank's threshold) */
     int flags;
     int64_t nseg;
     size_t es;
@@ -163,6 +171,15 @@ static int lm_counted(const lm_job *j, int64_t i) {
     return t >= 0 && t != j->ignore_index;
 }
 
+/* The rank's threshold for row i: its target's logit as the kernel's
+ * lanes hold it (capped by the same code) [README: rank]; +inf (nothing
+ * counted) without rank or for a target out of range (an error later). */
+static double lm_rank_threshold(const lm_ctx *x, int64_t i) {
+    const lm_job *j = x->job;
+    if (!j->rank || j->targets[i] < 0 || j->targets[i] >= j->n_cols) return INFINITY;
+    return x->value(lm_row(x, &j->logits, i), j->targets[i], j->softcap);
+}
+
 static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
     const lm_job *j = x->job;
     const int64_t lo = s * LM_SEGMENT;
@@ -177,7 +194,7 @@ static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
         next = lm_row(x, &j->logits, i + 1);
         next_ref = r ? lm_row(x, &j->ref, i + 1) : NULL;
     }
-    x->fn(z, r, n, x->flags, j->softcap, next, next_ref, st);
+    x->fn(z, r, n, x->flags, j->softcap, lm_rank_threshold(x, i), next, next_ref, st);
 }
 
 /* scale factor of a side with shift m and sum s to a common shift to */
@@ -218,6 +235,7 @@ static void lm_merge(lm_state *a, const lm_state *b, int64_t offset) {
     a->ref_shift = ref_to;
     a->exact |= b->exact;
     a->nan |= b->nan;
+    a->rank += b->rank;
 }
 
 /* the softcap in double: the target's logit, and the exact path (the
@@ -274,6 +292,15 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
     if (j->nll) j->nll[i] = lm_nonneg(-lm_exact_logp(j, &ez, z, j->targets[i]));
     if (j->entropy) j->entropy[i] = lm_nonneg(ez.ent);
     if (j->argmax) j->argmax[i] = ez.amax;
+    /* the top token's log-probability: its share of the +inf entries, or
+     * (m - m) - ls */
+    if (j->top_logprob) j->top_logprob[i] = ez.ninf ? -log((double)ez.ninf) : -ez.ls;
+    if (j->rank) { /* the kernel's rule, value by value (lm_value_fn) */
+        const double thr = x->value(z, j->targets[i], j->softcap);
+        int64_t c = 0;
+        for (int64_t k = 0; k < j->n_cols; k++) c += x->value(z, k, j->softcap) > thr;
+        j->rank[i] = c;
+    }
     if (!r) return LM_OK;
     er = lm_exact_side(j, r);
     if (er.nan) return LM_ERR_NAN_REF;
@@ -311,6 +338,13 @@ static int lm_finish(const lm_ctx *x, int64_t i, const lm_state *st) {
     }
     if (j->entropy) j->entropy[i] = lm_nonneg(ls - st->dsum / st->sum);
     if (j->argmax) j->argmax[i] = st->argmax;
+    if (j->rank) j->rank[i] = st->rank;
+    /* log p of the top token: (max - shift) - log sum, <= 0 (the max's own
+     * term is in the sum, exactly [README: fix]) */
+    if (j->top_logprob) {
+        const double t = (st->max - st->shift) - ls;
+        j->top_logprob[i] = t < 0.0 ? t : 0.0;
+    }
     if (j->kl) j->kl[i] = lm_nonneg(st->cross / st->ref_sum - log(st->ref_sum) + ls);
     if (j->ref_argmax) j->ref_argmax[i] = st->ref_argmax;
     if (j->ref_nll) {
@@ -328,6 +362,8 @@ static void lm_skip(const lm_job *j, int64_t i) {
     if (j->kl) j->kl[i] = 0.0;
     if (j->ref_argmax) j->ref_argmax[i] = -1;
     if (j->ref_nll) j->ref_nll[i] = 0.0;
+    if (j->rank) j->rank[i] = -1;
+    if (j->top_logprob) j->top_logprob[i] = 0.0;
 }
 
 static int lm_whole_row(const lm_ctx *x, int64_t i) {
@@ -414,7 +450,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
 
     *bad_row = -1;
     if (n < 0 || j->n_cols < 1 || j->rows_inner < 1 || j->dtype < 0 || j->dtype >= LM_NDTYPES ||
-        !j->logits.base || ((j->nll || j->ref_nll || j->nll_sum || j->n_counted) && !j->targets) ||
+        !j->logits.base || ((j->nll || j->ref_nll || j->rank || j->nll_sum || j->n_counted) && !j->targets) ||
         (j->nll_sum && !j->nll) ||
         ((j->kl || j->ref_argmax || j->ref_nll) && !j->ref.base))
         return LM_ERR_ARGS;
@@ -425,12 +461,14 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     }
     x.job = j;
     x.fn = lm_kernel_for(lm_isa_active(), j->dtype);
+    x.value = lm_value_for(lm_isa_active(), j->dtype);
     x.es = lm_elsize(j->dtype);
     x.nseg = (j->n_cols + LM_SEGMENT - 1) / LM_SEGMENT;
     /* entropy and argmax only when asked (KL alone skips them: 15-25% of
      * its work); the sums and the cross term are the same bits either way */
     x.flags = (j->entropy || j->argmax || j->ref_argmax ? LM_WANT_ENT | LM_WANT_AMAX : 0) |
-              (j->ref.base ? LM_WANT_REF : 0) | (j->softcap > 0 ? LM_WANT_CAP : 0);
+              (j->ref.base ? LM_WANT_REF : 0) | (j->softcap > 0 ? LM_WANT_CAP : 0) |
+              (j->rank ? LM_WANT_RANK : 0);
 
     nt = j->num_threads > 0 ? j->num_threads : lm_max_threads();
     work = n * j->n_cols * (j->ref.base ? 2 : 1);

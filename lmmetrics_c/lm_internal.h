@@ -33,6 +33,7 @@ typedef struct {
     double shift, sum, dsum, max;
     double ref_shift, ref_sum, cross, ref_max;
     int64_t argmax, ref_argmax; /* first index of the max; -1: none, or not asked */
+    int64_t rank;               /* values above the rank's threshold (LM_WANT_RANK) */
     int exact;                  /* +inf, maxima beyond the kernel's range, or a cross
                                  * term beyond float sums: the row takes the exact path */
     int nan;                    /* 1: NaN in the model's logits, 2: in the reference's */
@@ -90,11 +91,16 @@ static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
 /* 1.5 * 2^52: t = x + LM_MAGIC64 holds round(x) in its low mantissa bits */
 #define LM_MAGIC64 6755399441055744.0
 
-enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8 };
+enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8, LM_WANT_RANK = 16 };
 
+/* A segment into *st; with LM_WANT_RANK, st->rank counts its (capped)
+ * values above thr, a lane value (lm_value_fn) [README: rank]. */
 typedef void (*lm_segment_fn)(const void *z, const void *r, int64_t n, int flags,
-                              double cap, const void *next, const void *next_ref,
+                              double cap, double thr, const void *next, const void *next_ref,
                               lm_state *st);
+/* Element k of z as the segment kernel's lanes see it: converted to the
+ * lane type and, with cap > 0, capped by the lanes' own softcap. */
+typedef double (*lm_value_fn)(const void *z, int64_t k, double cap);
 
 /* Scalar element loads, used for targets, argmax searches and slow paths. */
 static inline float lm_bf16_to_float(uint16_t h) {
@@ -140,11 +146,12 @@ static inline size_t lm_elsize(int dtype) {
  * (n a multiple of 128), prefetching ahead or not. */
 typedef float (*lm_read_fn)(const float *p, int64_t n, int prefetch);
 
-/* What each ISA unit exports: its segment kernels indexed by dtype (NULL
- * where the unit has none: the driver then runs the scalar unit's) and its
- * read pass. */
+/* What each ISA unit exports: its segment kernels and lane values indexed
+ * by dtype (NULL where the unit has none: the driver then runs the scalar
+ * unit's) and its read pass. */
 typedef struct {
     lm_segment_fn kernels[LM_NDTYPES];
+    lm_value_fn values[LM_NDTYPES];
     lm_read_fn read;
 } lm_unit;
 

@@ -7,4 +7,6 @@
 const lm_unit lm_unit_avx512 = {
     {[LM_F32] = segment_avx512_f32, [LM_F64] = segment_avx512_f64, [LM_F16] = segment_avx512_f16,
      [LM_BF16] = segment_avx512_bf16},
+    {[LM_F32] = value_avx512_f32, [LM_F64] = value_avx512_f64, [LM_F16] = value_avx512_f16,
+     [LM_BF16] = value_avx512_bf16},
     read_avx512_f32};

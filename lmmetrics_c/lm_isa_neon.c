@@ -5,4 +5,6 @@
 
 const lm_unit lm_unit_neon = {
     {[LM_F32] = segment_neon_f32, [LM_F16] = segment_neon_f16, [LM_BF16] = segment_neon_bf16},
+    {[LM_F32] = value_neon_f32, [LM_F16] = value_neon_f16,
+     [LM_BF16] = value_neon_bf16},
     read_neon_f32};

@@ -10,4 +10,6 @@
 const lm_unit lm_unit_scalar = {
     {[LM_F32] = segment_scalar_f32, [LM_F64] = segment_scalar_f64,
      [LM_F16] = segment_scalar_f16, [LM_BF16] = segment_scalar_bf16},
+    {[LM_F32] = value_scalar_f32, [LM_F64] = value_scalar_f64, [LM_F16] = value_scalar_f16,
+     [LM_BF16] = value_scalar_bf16},
     read_scalar_f32};

@@ -48,6 +48,8 @@ typedef struct {
     double *kl;
     int64_t *ref_argmax;
     double *ref_nll;         /* NLL of the target under the reference */
+    int64_t *rank;           /* logits above the target's (needs targets) [README: rank] */
+    double *top_logprob;     /* log-probability of the top token, <= 0 */
     /* totals over rows, in row order; NULL when not wanted (need targets) */
     double *nll_sum;         /* sum of nll (compensated) */
     int64_t *n_counted;      /* rows counted */

@@ -43,6 +43,15 @@
 #define LM_PREFETCH(p) ((void)(p))
 #endif
 
+/* the set bits of a 32-bit mask: one popcnt in a unit built with it (the
+ * AVX-512 unit: -mpopcnt, and /arch:AVX512 implies it) */
+#if defined(__GNUC__) || defined(__clang__)
+#define LM_POPCNT32(m) __builtin_popcount((unsigned)(m))
+#elif defined(LM_MSVC) && defined(LM_X86)
+#include <intrin.h>
+#define LM_POPCNT32(m) __popcnt((unsigned)(m))
+#endif
+
 #ifdef LM_X86
 #ifdef LM_MSVC
 #include <intrin.h>

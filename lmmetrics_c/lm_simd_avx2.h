@@ -57,6 +57,18 @@ static inline double lm_avx2_wide_sum(__m256d w) {
 #define lmv_any_eq(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ))
 /* x where y >= lo, else 0 (NaN in y: 0) */
 #define lmv_zero_below(x, y, lo) _mm256_and_ps(x, _mm256_cmp_ps(y, lo, _CMP_GE_OQ))
+/* the rank's count: lanes where x > t (ordered), added to int lanes */
+#define lmv_cnt_t __m256i
+#define lmv_cnt_zero() _mm256_setzero_si256()
+#define lmv_cnt_gt(c, x, t) _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(x, t, _CMP_GT_OQ)))
+static inline int64_t lm_avx2_cnt_sum(__m256i c) {
+    int32_t t[8];
+    int64_t s = 0;
+    _mm256_storeu_si256((__m256i *)t, c);
+    for (int k = 0; k < 8; k++) s += t[k];
+    return s;
+}
+#define lmv_cnt_sum lm_avx2_cnt_sum
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = _mm256_loadu_ps(p); b = _mm256_loadu_ps((p) + 8); } while (0)

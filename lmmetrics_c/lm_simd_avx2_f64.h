@@ -47,6 +47,16 @@ static inline __m256d lm_avx2_pow2q_f64(__m256d t) {
 #define lmv_any_eq(a, b) _mm256_movemask_pd(_mm256_cmp_pd(a, b, _CMP_EQ_OQ))
 /* x where y >= lo, else 0 (NaN in y: 0) */
 #define lmv_zero_below(x, y, lo) _mm256_and_pd(x, _mm256_cmp_pd(y, lo, _CMP_GE_OQ))
+/* the rank's count: lanes where x > t (ordered), added to int lanes */
+#define lmv_cnt_t __m256i
+#define lmv_cnt_zero() _mm256_setzero_si256()
+#define lmv_cnt_gt(c, x, t) _mm256_sub_epi64(c, _mm256_castpd_si256(_mm256_cmp_pd(x, t, _CMP_GT_OQ)))
+static inline int64_t lm_avx2_cnt_sum64(__m256i c) {
+    int64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, c);
+    return t[0] + t[1] + t[2] + t[3];
+}
+#define lmv_cnt_sum lm_avx2_cnt_sum64
 
 #define LM_LOAD2_F64(p, a, b)                                                  \
     do { a = _mm256_loadu_pd(p); b = _mm256_loadu_pd((p) + 4); } while (0)

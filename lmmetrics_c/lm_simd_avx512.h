@@ -60,6 +60,14 @@ typedef __m512i lmv_i16_t;
 #define lmv_any_eq(a, b) _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ)
 /* x where y >= lo, else 0 (NaN in y: 0) */
 #define lmv_zero_below(x, y, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, lo, _CMP_GE_OQ), x)
+/* the rank's count: lanes where x > t (ordered): the compare's mask
+ * counted by popcnt, off the vector pipes (a masked integer subtract into
+ * int lanes, one more vector operation, measured 1.15x the NLL's time on
+ * one Zen 4 thread against 1.09-1.13x this way) */
+#define lmv_cnt_t int64_t
+#define lmv_cnt_zero() ((int64_t)0)
+#define lmv_cnt_gt(c, x, t) ((c) + LM_POPCNT32(_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ)))
+#define lmv_cnt_sum(c) (c)
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = _mm512_loadu_ps(p); b = _mm512_loadu_ps((p) + 16); } while (0)

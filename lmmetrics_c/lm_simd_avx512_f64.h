@@ -43,6 +43,11 @@
 #define lmv_any_eq(a, b) _mm512_cmp_pd_mask(a, b, _CMP_EQ_OQ)
 /* x where y >= lo, else 0 (NaN in y: 0) */
 #define lmv_zero_below(x, y, lo) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(y, lo, _CMP_GE_OQ), x)
+/* the rank's count: lanes where x > t (ordered), added to int lanes */
+#define lmv_cnt_t __m512i
+#define lmv_cnt_zero() _mm512_setzero_si512()
+#define lmv_cnt_gt(c, x, t) _mm512_mask_sub_epi64(c, _mm512_cmp_pd_mask(x, t, _CMP_GT_OQ), c, _mm512_set1_epi64(-1))
+#define lmv_cnt_sum(c) ((int64_t)_mm512_reduce_add_epi64(c))
 
 #define LM_LOAD2_F64(p, a, b)                                                  \
     do { a = _mm512_loadu_pd(p); b = _mm512_loadu_pd((p) + 8); } while (0)

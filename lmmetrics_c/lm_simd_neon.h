@@ -53,6 +53,11 @@ static const int32_t lm_neon_pow2q_tab[4] = {LM_POW2Q_TABLE4};
 /* x where y >= lo, else 0 (NaN in y: 0) */
 #define lmv_zero_below(x, y, lo)                                                 \
     vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), vcgeq_f32(y, lo)))
+/* the rank's count: lanes where x > t (ordered), added to int lanes */
+#define lmv_cnt_t uint32x4_t
+#define lmv_cnt_zero() vdupq_n_u32(0u)
+#define lmv_cnt_gt(c, x, t) vsubq_u32(c, vcgtq_f32(x, t))
+#define lmv_cnt_sum(c) ((int64_t)vaddvq_u32(c))
 
 #define LM_LOAD2_F32(p, a, b)                                                  \
     do { a = vld1q_f32(p); b = vld1q_f32((p) + 4); } while (0)

@@ -62,6 +62,11 @@ static inline float lm_pow2q(float t) {
 #define lmv_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
 #define lmv_any_eq(a, b) ((a) == (b))
 #define lmv_zero_below(x, y, lo) ((y) >= (lo) ? (x) : (LMV_LANE)0)
+/* the rank's count: lanes where x > t (ordered), added to int lanes */
+#define lmv_cnt_t int64_t
+#define lmv_cnt_zero() ((int64_t)0)
+#define lmv_cnt_gt(c, x, t) ((c) + ((x) > (t)))
+#define lmv_cnt_sum(c) (c)
 /* one lane sums in double; a product of two floats is exact in double,
  * so that a plain add rounds once, like a fused one (and needs no libm
  * fma where the target has no FMA) */

@@ -21,6 +21,10 @@
 #undef lmv_zero_below
 #undef lmv_loadu
 #undef lmv_any_eq
+#undef lmv_cnt_t
+#undef lmv_cnt_zero
+#undef lmv_cnt_gt
+#undef lmv_cnt_sum
 #undef lmv_acc_t
 #undef lmv_acc_fma
 #undef lmv_acc_sum

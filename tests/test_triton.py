@@ -431,7 +431,7 @@ def group_layouts_and_api():
     zi, _, ti = _random((4,), 600, torch.float32, seed=2)
     ti[:] = torch.tensor([5, -100, 599, -5])
     states = torch.full((_triton._NFIELDS, 3, 4), math.nan)
-    res = torch.zeros(7, 4, dtype=torch.float64)
+    res = torch.zeros(_triton._N_RESULTS, 4, dtype=torch.float64)
     with np.errstate(all="ignore"):
         _triton._launch(_cuda.describe(zi), None, torch.where(ti >= 0, ti, -1), res, states, 4, 3, 256,
                         False, True, True, 0.0)
@@ -471,6 +471,35 @@ def group_layouts_and_api():
     tanh_kernel[(1,)](torch.tensor([math.nan]), y, 1, BLOCK=2)
     assert math.isnan(y.item())
     assert _cuda._triton_for is not None
+    print("GROUP OK")
+
+
+def group_rank_and_top_logprob():
+    """top_logprob from the kernel's merge (-log S) against the core, the
+    rows the exact path redoes included; a request with the rank keeps the
+    torch path (no launch) and counts as the core does."""
+    import torch
+
+    from lmmetrics import _engine
+
+    calls = _route()
+    g = torch.Generator().manual_seed(11)
+    z = torch.round(torch.randn(3, 5, 1100, generator=g) * 48) / 16  # a grid: exact ties, no near-ties
+    z[0, 1, 7] = math.inf
+    t = torch.randint(0, 1100, (3, 5), generator=g)
+    t[1, 2] = -100
+    for dtype in (torch.float32, torch.bfloat16):
+        for cap in (None, 20.0):
+            x = z.to(dtype)
+            want = _engine.run(_np(x), t.numpy(), softcap=cap, nll=True, rank=True, top_logprob=True)
+            n = len(calls)
+            got = _engine.run(x, t, softcap=cap, nll=True, top_logprob=True)
+            assert len(calls) == n + 1
+            np.testing.assert_allclose(got.top_logprob, want.top_logprob, atol=TOL, rtol=TOL)
+            got = _engine.run(x, t, softcap=cap, rank=True, top_logprob=True)
+            assert len(calls) == n + 1, "a request with the rank took the Triton kernel"
+            np.testing.assert_array_equal(got.rank, want.rank)
+            np.testing.assert_allclose(got.top_logprob, want.top_logprob, atol=3e-5, rtol=3e-5)
     print("GROUP OK")
 
 
@@ -604,7 +633,8 @@ def group_compile_sm90():
 # ------------------------------------------------------------- the tests
 
 @pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
-                                   "group_split_rows", "group_layouts_and_api", "group_bench_smoke"])
+                                   "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
+                                   "group_rank_and_top_logprob"])
 def test_interpreted(group):
     _in_subprocess(group)
 

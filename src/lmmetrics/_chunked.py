@@ -8,7 +8,11 @@ is cut into tiles of rows x a vocabulary block, and the blocks' results are
 merged exactly in float64: each block's logsumexp is its NLL at the block's
 first column plus that logit, the entropy is the mixture's, the KL weights
 each block's by the reference's share, the argmax is the first of the
-largest. Rows the blocks cannot certify (a block all -inf, +inf logits) are
+largest, the top token's log-probability the largest of the blocks' (each
+moved by its block's share of the mass), and the rank (the logits above
+the target's) the sum of the blocks' counts against the target's logit,
+which a first look at each row's target block gives (the block's own value
+where the target lies in it). Rows the blocks cannot certify (a block all -inf, +inf logits) are
 done again whole, one at a time. Ignored rows are never projected.
 """
 from __future__ import annotations
@@ -123,8 +127,12 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     V = out.n_cols
     n = sel.size
     ref = reference is not None
-    kw = dict(nll=True, entropy=want["entropy"], argmax=want["argmax"], kl=want["kl"], ref_nll=ref)
-    blocks: Dict[str, List[Any]] = {k: [] for k in ("lse", "ent", "amv", "am", "rlse", "kl", "ramv", "ram")}
+    kw = dict(nll=True, entropy=want["entropy"], argmax=want["argmax"], kl=want["kl"], ref_nll=ref,
+              top_logprob=want["top_logprob"])
+    blocks: Dict[str, List[Any]] = {k: [] for k in ("lse", "ent", "amv", "am", "rlse", "kl", "ramv", "ram", "top")}
+    want_rank = want["rank"] and t is not None
+    above = np.zeros(n, np.int64)
+    thr = _target_logits(logits, sel, _need_targets(t), lead, block, cap) if want_rank else np.zeros(n)
     zt = np.zeros(n)
     rt = np.zeros(n)
     redo = np.zeros(n, bool)
@@ -149,9 +157,14 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             am = part.indices("argmax")
             blocks["am"].append(am + j)
             blocks["amv"].append(_at(z, rows_n, am))
+        if want["top_logprob"]:
+            blocks["top"].append(part.floats("top_logprob"))
         if t is not None:
             inb = np.flatnonzero((t >= cols.start) & (t < cols.stop))
             zt[inb] = _at(z, inb, t[inb] - j)
+        if want_rank:  # the target's own block: its own value
+            thr[inb] = zt[inb]
+            above += _count_above(z, thr)
         if ref:
             with np.errstate(invalid="ignore"):
                 blocks["rlse"].append(part.floats("ref_nll") + _at(r, rows_n, col0))
@@ -172,6 +185,11 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
         res["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)])
     if want["argmax"]:
         res["argmax"] = _take_best(blocks["amv"], blocks["am"])
+    if want["top_logprob"]:  # max_b (M_b - lse_b) + (lse_b - lse) = M - lse
+        with np.errstate(invalid="ignore"):
+            res["top_logprob"] = np.minimum(np.max(np.stack(blocks["top"]) + np.stack(lw), 0), 0.0)
+    if want_rank:
+        res["rank"] = above
     if ref:
         rlse, rlw = _merge_lse(blocks["rlse"])
         redo |= ~np.isfinite(rlse)
@@ -184,7 +202,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     for name, values in res.items():
         arr = getattr(out, name)
         if arr is not None:
-            arr[sel] = values if name in INDEX_OUTPUTS else np.where(values < 0, 0.0, values)
+            arr[sel] = values if name in INDEX_OUTPUTS or name == "top_logprob" else np.where(values < 0, 0.0, values)
     if redo.any():
         _lazy_rows_alone(run, logits, reference, sel[redo], None if t is None else t[redo], out, lead, cap, threads,
                          want)
@@ -196,6 +214,38 @@ def _lazy_rows_alone(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: 
     for i in range(sel.size):
         _lazy_rows(run, logits, reference, sel[i:i + 1], None if t is None else t[i:i + 1], out, lead, cap, threads,
                    want)
+
+
+def _need_targets(t: Optional[I64Array]) -> I64Array:
+    if t is None:
+        raise RuntimeError("lmmetrics: internal error: the rank needs targets")
+    return t
+
+
+def _target_logits(logits: Any, sel: I64Array, t: I64Array, lead: Tuple[int, ...], block: int,
+                   cap: float) -> F64Array:
+    """The targets' logits of rows sel, as float64: for each vocabulary
+    block, the tile of the rows whose target lies in it (one block a row)."""
+    zt = np.zeros(sel.size)
+    for j in range(0, t.size and int(t.max()) + 1, block):
+        inb = np.flatnonzero((t >= j) & (t < j + block))
+        if inb.size:
+            z = _take_rows(logits, sel[inb], lead, slice(j, j + block), cap)
+            zt[inb] = _at(z, np.arange(inb.size), t[inb] - j)
+    return zt
+
+
+def _count_above(z: Any, thr: F64Array) -> I64Array:
+    """Per row of the tile z, its values above thr (compared as the tile
+    holds them: exact against a float64 threshold)."""
+    if is_torch(z):
+        import torch
+
+        above = (z > torch.from_numpy(thr).to(z.device)[:, None]).sum(1)
+        counts: I64Array = above.cpu().numpy().astype(np.int64)
+        return counts
+    counts = np.count_nonzero(z > thr[:, None], axis=1).astype(np.int64)
+    return counts
 
 
 def _merge_lse(parts: List[F64Array]) -> Tuple[F64Array, List[F64Array]]:

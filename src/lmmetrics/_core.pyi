@@ -39,7 +39,7 @@ def run(
 ) -> Tuple[int, int, float, int]:
     """(status, first bad row, NLL sum, rows counted); status is an
     lm_status value as a plain int. outputs: (nll, entropy, argmax, kl,
-    ref_argmax, ref_nll), float64 / int64 arrays or None."""
+    ref_argmax, ref_nll, rank, top_logprob), float64 / int64 arrays or None."""
 
 def isa_supported(name: str) -> bool: ...
 def address(obj: object) -> int: ...

@@ -8,6 +8,11 @@ is reduced to per-row values; only those (8 bytes a row) come back to the
 host, where sums are taken in float64. A chunk where a counted row's value
 is not finite is done again by the exact path (logsumexp per side). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
+the rank counts the logits above the target's (compared as torch holds them:
+the logits' own dtype, or the capped values in float32 / float64 with a
+softcap, ``torch.tanh``: within a few ulps of the core's capped values, so
+a near-tie may count differently), the top token's log-probability is the
+row's largest log-probability,
 NaN or an all -inf row among the counted rows is an error, +inf logits share
 the probability mass equally.
 
@@ -30,7 +35,7 @@ import numpy as np
 from ._checks import check_positive_int
 from ._errors import Status, row_error
 from ._inputs import row_chunks
-from ._request import OUTPUTS, RowResults
+from ._request import INDEX_OUTPUTS, OUTPUTS, RowResults
 from ._types import I64Array
 
 if TYPE_CHECKING:
@@ -124,7 +129,7 @@ _force_triton = False
 _triton_failed = False
 
 
-def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
+def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
     """The Triton module when it takes these logits, else None."""
     if _triton_failed or os.environ.get("LMMETRICS_TRITON", "1") == "0":
         return None
@@ -134,7 +139,7 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
         from . import _triton
     except Exception:  # triton absent or unusable here: the torch path
         return None
-    return _triton if _triton.usable(lg, ref) else None
+    return _triton if _triton.usable(lg, ref, rank) else None
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
@@ -142,7 +147,7 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
     its NLL sum from the CUDA tensors: the Triton kernel where it applies,
     else torch."""
     global _triton_failed
-    tri = _triton_for(lg, ref)
+    tri = _triton_for(lg, ref, out.rank is not None)
     done = False
     if tri is not None:
         try:
@@ -168,7 +173,8 @@ def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, i
 
     dev = lg.keep.device
     temps = (_TEMPS_REF if ref is not None else
-             _TEMPS_ROW if out.entropy is not None or out.argmax is not None else _TEMPS_NLL)
+             _TEMPS_ROW if out.entropy is not None or out.argmax is not None or out.rank is not None
+             else _TEMPS_NLL)
     temps += sum(_TEMPS_CAST for x in (lg, ref) if x is not None and x.dtype in ("float16", "bfloat16"))
     temps += _TEMPS_CAP if cap else 0
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
@@ -187,10 +193,11 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     by the exact path, which shares +inf mass and names the bad row. The
     values certify a side's rows when one of them is that side's NLL,
     entropy or KL (a row's NaN or +inf reaches all of them); argmax alone
-    certifies nothing and takes the exact path."""
+    certifies nothing and takes the exact path (nor does the rank; the top
+    log-probability certifies like the NLL)."""
     import torch
 
-    if not ((out.nll is not None or out.entropy is not None)
+    if not ((out.nll is not None or out.entropy is not None or out.top_logprob is not None)
             and (r is None or out.ref_nll is not None or out.kl is not None)):
         _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
         return
@@ -204,6 +211,10 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
         vals["entropy"] = _entropy(logp)
     if out.argmax is not None:
         vals["argmax"] = torch.argmax(z, 1)
+    if out.rank is not None:
+        vals["rank"] = _rank(z, _need(safe))
+    if out.top_logprob is not None:
+        vals["top_logprob"] = logp.amax(1).double()
     del z
     if r is not None:
         rz = _capped(r, cap)
@@ -218,11 +229,17 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     del logp
     host = {k: v.cpu().numpy() for k, v in vals.items()}
     cnt = out.counted[i0:i1]
-    if all(np.isfinite(v[cnt]).all() for k, v in host.items() if "argmax" not in k):
+    if all(np.isfinite(v[cnt]).all() for k, v in host.items() if k not in INDEX_OUTPUTS):
         for k, v in host.items():
-            getattr(out, k)[i0:i1] = np.where(cnt, v, -1 if "argmax" in k else 0.0)
+            getattr(out, k)[i0:i1] = np.where(cnt, v, -1 if k in INDEX_OUTPUTS else 0.0)
         return
     _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
+
+
+def _rank(z: torch.Tensor, safe: torch.Tensor) -> torch.Tensor:
+    """Per row the number of values of z above the target's (z as given:
+    the capped logits, or the logits in their own dtype)."""
+    return (z > z.gather(1, safe)).sum(1)
 
 
 def _safe_targets(tgt: Optional[torch.Tensor], counted: torch.Tensor) -> Optional[torch.Tensor]:
@@ -322,6 +339,10 @@ def _chunk_exact(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch
             put("entropy", _entropy(logp), 0.0)
     if out.argmax is not None:
         put("argmax", torch.argmax(z, 1), -1)
+    if out.rank is not None:  # on the capped logits, not z less its max (which may round ties in)
+        put("rank", _rank(_capped(x, cap), _need(safe)), -1)
+    if out.top_logprob is not None:
+        put("top_logprob", (z.amax(1) - lse).double(), 0.0)
     if r is None:
         return
     if out.ref_nll is not None:

@@ -31,8 +31,13 @@ from ._request import allocate
 def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: Optional[int] = -100,
         softcap: Optional[float] = None, num_threads: Optional[int] = None, shift: Optional[bool] = None,
         nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False,
-        ref_nll: bool = False) -> RowResults:
+        ref_nll: bool = False, rank: bool = False, top_logprob: bool = False) -> RowResults:
     """One read of the logits (and reference logits) computing what is asked.
+
+    ``rank`` (needs targets): per row the number of logits above the
+    target's (int64, -1 where ignored); ``top_logprob``: the top token's
+    log-probability, max - logsumexp (0.0 where ignored). Neither costs
+    anything when not asked.
 
     ``logits`` and ``reference`` may be model outputs with ``.logits``;
     with ``shift`` they are aligned with the next target (:func:`shifted`)."""
@@ -49,21 +54,22 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         raise ValueError("reference_logits are required for the KL divergence")
     if isinstance(logits, Projected) or isinstance(reference, Projected):
         return run_lazy(run, logits, targets, reference, ignore, cap, threads,
-                        dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll))
+                        dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll, rank=rank,
+                             top_logprob=top_logprob))
     if is_cuda(logits) or is_cuda(reference):  # a GPU backend: Triton, else torch
         from . import _cuda
 
         c_lg = _cuda.describe(logits)
         c_ref = None if reference is None else _cuda.describe(reference, "reference_logits")
         out = allocate(c_lg, c_ref, targets, ignore, check_range=True, nll=nll, entropy=entropy, argmax=argmax,
-                       kl=kl, ref_nll=ref_nll)
+                       kl=kl, ref_nll=ref_nll, rank=rank, top_logprob=top_logprob)
         if c_lg.n_rows:
             _cuda.compute(c_lg, c_ref, out, ignore, cap)
         return out
     lg = as_logits(logits)
     ref = None if reference is None else as_logits(reference, "reference_logits")
     out = allocate(lg, ref, targets, ignore, check_range=False, nll=nll, entropy=entropy, argmax=argmax, kl=kl,
-                   ref_nll=ref_nll)
+                   ref_nll=ref_nll, rank=rank, top_logprob=top_logprob)
     if lg.n_rows:
         _native.compute(lg, ref, out, cap, threads)
     return out

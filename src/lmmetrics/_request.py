@@ -21,16 +21,18 @@ if TYPE_CHECKING:
 
 #: every per-row output a pass can compute, in one order (the native core's
 #: outputs tuple takes them in this order)
-OUTPUTS: Tuple[str, ...] = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
+#: (rank: the number of logits above the target's; top_logprob: the top
+#: token's log-probability, max - logsumexp)
+OUTPUTS: Tuple[str, ...] = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "rank", "top_logprob")
 #: the integer ones (-1 where a row is not counted; the others 0)
-INDEX_OUTPUTS = ("argmax", "ref_argmax")
+INDEX_OUTPUTS = ("argmax", "ref_argmax", "rank")
 _DTYPES = tuple((name, np.int64 if name in INDEX_OUTPUTS else np.float64) for name in OUTPUTS)
 #: a RowResults' outputs as a tuple in OUTPUTS' order (None where not computed)
 outputs_of = attrgetter(*OUTPUTS)
 
 #: the float64 per-row outputs of a pass, and the int64 ones
-FloatOutput = Literal["nll", "entropy", "kl", "ref_nll"]
-IndexOutput = Literal["argmax", "ref_argmax"]
+FloatOutput = Literal["nll", "entropy", "kl", "ref_nll", "top_logprob"]
+IndexOutput = Literal["argmax", "ref_argmax", "rank"]
 
 
 @dataclass
@@ -57,6 +59,8 @@ class RowResults:
     kl: Optional[F64Array] = None
     ref_argmax: Optional[I64Array] = None
     ref_nll: Optional[F64Array] = None
+    rank: Optional[I64Array] = None
+    top_logprob: Optional[F64Array] = None
     _counted: Optional[BoolArray] = field(default=None, init=False, repr=False)
 
     @property
@@ -106,7 +110,7 @@ def _computed(values: Optional[_A], name: str) -> _A:
 
 def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, ignore: int, *,
              check_range: bool, nll: bool, entropy: bool, argmax: bool, kl: bool,
-             ref_nll: bool) -> RowResults:
+             ref_nll: bool, rank: bool = False, top_logprob: bool = False) -> RowResults:
     """The checks of both buffers and the targets against each other, and
     the outputs of a pass over them, allocated (not yet computed)."""
     if ref is not None and ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
@@ -117,11 +121,14 @@ def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, 
         tgt = as_targets(targets, lg, check_range=check_range, ignore_index=ignore)
     elif nll or ref_nll:
         raise ValueError("targets are required for the NLL")
+    elif rank:
+        raise ValueError("targets are required for the rank")
     else:
         tgt = None
     n = lg.n_rows
     out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
-    wanted = (nll, entropy, argmax, kl, ref is not None and argmax, ref is not None and ref_nll)  # OUTPUTS' order
+    wanted = (nll, entropy, argmax, kl, ref is not None and argmax, ref is not None and ref_nll,
+              rank, top_logprob)  # OUTPUTS' order
     for (name, dtype), on in zip(_DTYPES, wanted):
         if on:
             setattr(out, name, np.empty(n, dtype))

@@ -21,7 +21,9 @@ where the reference does not), are done again by the exact torch path of
 :mod:`lmmetrics._cuda`; NaN and all -inf rows among the counted ones raise
 the native core's errors, naming the first bad row. The per-row values come
 to the host once per call (one synchronisation). float64 logits keep the
-torch path.
+torch path, and so does a request for the rank (the logits above the
+target's: :func:`usable` says no; the top token's log-probability, -log S
+against the row's max, comes from the merge).
 """
 from __future__ import annotations
 
@@ -62,9 +64,11 @@ F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF = 1, 2, 4, 8, 
 _SLOW = F_INF | F_INF_REF | F_CROSS
 # KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
 _CROSS_BIG = 1e20
-# output rows of the (7, N) float64 result
-# (the outputs in lmmetrics._request.OUTPUTS' order, after the flags)
-_O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL = (tl.constexpr(k) for k in range(7))
+# output rows of the (9, N) float64 result
+# (the outputs in lmmetrics._request.OUTPUTS' order, after the flags; the
+# rank's row is never written: requests with it keep the torch path)
+_O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_RANK, _O_TOP = (tl.constexpr(k) for k in range(9))
+_N_RESULTS = 9
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -272,6 +276,8 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     tl.store(base + _O_NLL * n_total, tl.where(counted, _nonneg(nll), 0.0), mask=rmask)
     tl.store(base + _O_ENT * n_total, tl.where(counted, _nonneg(ent), 0.0), mask=rmask)
     tl.store(base + _O_AMAX * n_total, tl.where(counted, amax, -1.0), mask=rmask)
+    # the top token's log-probability: (M - M) - log S, <= 0
+    tl.store(base + _O_TOP * n_total, tl.where(counted, -_nonneg(ls), 0.0), mask=rmask)
     if HAS_REF:
         rempty = (RM == ninf) & ((flags & 8) == 0)
         flags = flags | tl.where(counted & rempty, 64, 0)
@@ -317,10 +323,13 @@ class LaunchError(RuntimeError):
     to the torch path)."""
 
 
-def usable(lg: CudaLogits, ref: Optional[CudaLogits]) -> bool:
+def usable(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool = False) -> bool:
     """Whether the Triton path takes these logits: 16- and 32-bit floats on
     both sides (the kernel works in float32: a float64 reference keeps the
-    torch path, exact in float64) whose vocabulary axis is contiguous."""
+    torch path, exact in float64) whose vocabulary axis is contiguous, and
+    no rank asked (the torch path counts it)."""
+    if rank:
+        return False
     sides = [lg] if ref is None else [lg, ref]
     if any(x.dtype not in ("float32", "bfloat16", "float16") for x in sides) or lg.n_cols > _MAX_TILES * _tile:
         return False
@@ -341,7 +350,7 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
     want_ent = out.entropy is not None
     want_amax = out.argmax is not None
     has_ref = ref is not None
-    res = torch.empty((7, n), dtype=torch.float64, device=dev)
+    res = torch.empty((_N_RESULTS, n), dtype=torch.float64, device=dev)
     group = max(1, min(_STATE_BYTES, chunk_bytes() // 2) // (n_tiles * _NFIELDS * 4))
     states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
     try:
