@@ -3,9 +3,9 @@ chunk by chunk, so that files larger than RAM stream through, to a
 temporary file renamed into place only when complete (no partial file is
 ever left at the destination).
 
-``.npz``: each column is written into a memory-mapped ``.npy`` of its final
-length in a temporary folder, then the columns are stored (uncompressed)
-into one zip, which ``numpy.load`` reads. ``.parquet`` (needs ``pyarrow``):
+``.npz``: each column is appended to a raw file in a temporary folder, then
+each is stored (uncompressed) into one zip behind its ``.npy`` header, which
+``numpy.load`` reads. ``.parquet`` (needs ``pyarrow``):
 one row group a chunk."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, BinaryIO, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -43,32 +43,28 @@ def check_path(path: str) -> str:
 
 
 class TokenWriter:
-    """Writes ``n_rows`` rows of the named columns (name, dtype) chunk by
-    chunk; :meth:`close` renames the finished file into place, :meth:`abort`
+    """Writes rows of the named columns (name, dtype) chunk by chunk;
+    :meth:`close` renames the finished file into place, :meth:`abort`
     removes what was written."""
 
-    def __init__(self, path: str, n_rows: int, columns: Sequence[tuple[str, Any]]) -> None:
+    def __init__(self, path: str, columns: Sequence[Tuple[str, Any]]) -> None:
         self.path = path
         self.suffix = check_path(path)
-        self.n_rows = n_rows
         self.columns = [(name, np.dtype(dt)) for name, dt in columns]
-        self.done = 0
+        self.rows = 0
         folder = os.path.dirname(os.path.abspath(path))
         self.tmp = tempfile.mkdtemp(prefix=".lmmetrics-", dir=folder)
-        self._maps: Dict[str, Any] = {}
+        self._raw: Dict[str, BinaryIO] = {}
         self._pq: Optional[Any] = None
         if self.suffix == ".npz":
-            for name, dt in self.columns:
-                self._maps[name] = np.lib.format.open_memmap(os.path.join(self.tmp, name + ".npy"), mode="w+",
-                                                             dtype=dt, shape=(n_rows,))
+            for name, _ in self.columns:
+                self._raw[name] = open(os.path.join(self.tmp, name + ".raw"), "wb")
 
     def write(self, chunk: Dict[str, npt.NDArray[Any]]) -> None:
-        n = len(next(iter(chunk.values()))) if chunk else 0
-        if self.done + n > self.n_rows:
-            raise RuntimeError("lmmetrics: internal error: more per-token rows than announced")
+        """Append rows: one array per column, all of one length."""
         if self.suffix == ".npz":
-            for name, _ in self.columns:
-                self._maps[name][self.done:self.done + n] = chunk[name]
+            for name, dt in self.columns:
+                self._raw[name].write(np.ascontiguousarray(chunk[name], dtype=dt).tobytes())
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -77,35 +73,38 @@ class TokenWriter:
             if self._pq is None:
                 self._pq = pq.ParquetWriter(os.path.join(self.tmp, "out.parquet"), table.schema)
             self._pq.write_table(table)
-        self.done += n
+        self.rows += len(chunk[self.columns[0][0]])
 
     def close(self) -> None:
-        if self.done != self.n_rows:
-            raise RuntimeError("lmmetrics: internal error: fewer per-token rows than announced")
+        """Finish the file and rename it into place."""
         part = os.path.join(self.tmp, "out" + self.suffix)
         if self.suffix == ".npz":
-            names: List[str] = []
-            for name, _ in self.columns:
-                self._maps[name].flush()
-                names.append(name)
-            self._maps.clear()
             with zipfile.ZipFile(part, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for name in names:
-                    zf.write(os.path.join(self.tmp, name + ".npy"), name + ".npy")
+                for name, dt in self.columns:
+                    self._raw.pop(name).close()
+                    with zf.open(name + ".npy", "w", force_zip64=True) as member, \
+                            open(os.path.join(self.tmp, name + ".raw"), "rb") as raw:
+                        np.lib.format.write_array_header_1_0(
+                            member, {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False,
+                                     "shape": (self.rows,)})
+                        shutil.copyfileobj(raw, member, 1 << 24)
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             if self._pq is None:  # no row at all: an empty table with the columns
                 schema = pa.schema([(name, pa.from_numpy_dtype(dt)) for name, dt in self.columns])
-                self._pq = pq.ParquetWriter(part, schema)
+                self._pq = pq.ParquetWriter(os.path.join(self.tmp, "out.parquet"), schema)
             self._pq.close()
             self._pq = None
         os.replace(part, self.path)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def abort(self) -> None:
-        self._maps.clear()
+        """Remove what was written (the destination is untouched)."""
+        for f in self._raw.values():
+            f.close()
+        self._raw.clear()
         if self._pq is not None:
             try:
                 self._pq.close()

@@ -35,8 +35,9 @@ def check_path(path: str) -> None:
 def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.NDArray[np.float64],
          calibration: Optional[Any] = None, title: str = "") -> None:
     """Draw the per-position mean NLL (nats; positions with no counted token
-    left out) and, given a calibration (``bin_edges``, ``confidence``,
-    ``accuracy``, ``counts``, ``ece``), the reliability diagram."""
+    left out) and, given a :class:`lmmetrics.ranking.Calibration` (``edges``,
+    ``confidence``, ``accuracy``, ``counts``, ``ece``), the reliability
+    diagram."""
     check_path(path)
     import matplotlib
 
@@ -54,12 +55,13 @@ def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.N
     cal.plot([0, 1], [0, 1], color="gray", lw=1, ls="--", label="calibrated")
     if calibration is not None:
         filled = np.asarray(calibration.counts) > 0
-        mids = 0.5 * (np.asarray(calibration.bin_edges[:-1]) + np.asarray(calibration.bin_edges[1:]))
-        width = float(np.diff(calibration.bin_edges).max())
+        edges = np.asarray(calibration.edges)
+        mids = 0.5 * (edges[:-1] + edges[1:])
+        width = float(np.diff(edges).max())
         cal.bar(mids[filled], np.asarray(calibration.accuracy)[filled], width=width * 0.9, alpha=0.6,
                 label="top-1 accuracy")
         cal.plot(np.asarray(calibration.confidence)[filled], np.asarray(calibration.accuracy)[filled], "o-",
-                 ms=3, lw=1, label="mean confidence")
+                 ms=3, lw=1, label="accuracy at mean confidence")
         cal.set_title(f"calibration (ECE {calibration.ece:.4f})")
     else:
         cal.set_title("calibration")

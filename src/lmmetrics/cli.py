@@ -17,13 +17,18 @@ from . import _core
 from ._config import show_config
 from ._engine import check_positive_int
 from ._errors import InputError
+from ._export import TokenWriter
+from ._export import check_path as check_token_path
 from ._files import FORMATS, dtype_name, load_array, named_array
 from ._inputs import as_table
+from ._plot import check_path as check_plot_path
+from ._plot import plot
 from ._version import __version__
 from .comparison import comparison_from_tokens, token_values
 from .convert import LN2, bits_per_unit
 from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
+from .ranking import Calibration
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -232,25 +237,138 @@ def _opened(shards: List[Tuple[str, ...]], load: Callable[[Tuple[str, ...], Opti
 
 
 def _score(args: argparse.Namespace) -> int:
-    shards = _shards(("LOGITS", args.logits, "logits"), ("TARGETS", args.targets, "targets"))
+    specs = [("LOGITS", args.logits, "logits"), ("TARGETS", args.targets, "targets")]
+    if args.reference is not None:
+        specs.append(("--reference", args.reference, "reference logits"))
+    shards = _shards(*specs)
     tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
     ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
                    shift=args.shift, num_threads=args.threads)
+    out = _TokenOutputs(args)  # --per-token, --plot
 
-    def load(paths: Tuple[str, ...], vocab: Optional[int]) -> Tuple[Any, npt.NDArray[np.integer[Any]]]:
-        lpath, tpath = paths
-        raw = load_array(lpath, "logits", args.key)
-        _rows(raw, lpath, vocab)
-        return raw, _load_targets(tpath, lpath, raw, args)
+    def load(paths: Tuple[str, ...], vocab: Optional[int]) -> Tuple[Any, Any, npt.NDArray[np.integer[Any]]]:
+        return _load_shard(paths, vocab, args)
 
-    for i, (raw, t) in enumerate(_opened(shards, load)):
-        if i == 0:
-            ev.check_vocab(int(raw.shape[-1]))  # a vocab / token_bytes mismatch fails before any work
-        for zc, _, tc in _pieces(raw, None, t, 1, args):
-            ev.update(zc, tc)
-    m = ev.compute()
+    try:
+        for i, (raw, ref, t) in enumerate(_opened(shards, load)):
+            if i == 0:
+                ev.check_vocab(int(raw.shape[-1]))  # a vocab / token_bytes mismatch fails before any work
+            out.shard(raw.shape, t)
+            for zc, rc, tc in _pieces(raw, ref, t, 1 if ref is None else 2, args):
+                out.rows(ev._update_rows(zc, tc, reference_logits=rc, **out.wanted))
+        m = ev.compute()
+        out.close(m)
+    except BaseException:
+        out.abort()
+        raise
     print(_json(m.as_dict()) if args.json else _table(m.as_dict()))
     return 0
+
+
+def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Namespace
+                ) -> Tuple[Any, Any, npt.NDArray[np.integer[Any]]]:
+    """(logits, reference logits or None, flattened targets) of a shard
+    (logits, targets[, reference]), checked against each other."""
+    lpath, tpath = paths[:2]
+    raw = load_array(lpath, "logits", args.key)
+    z = _rows(raw, lpath, vocab)
+    ref = None
+    if len(paths) > 2:
+        rpath = paths[2]
+        ref = load_array(rpath, "reference logits", args.reference_key)
+        r = _rows(ref, rpath, z.shape[1])
+        if r.shape[0] != z.shape[0]:
+            raise InputError(f"{rpath} has {r.shape[0]} rows, {lpath} has {z.shape[0]}")
+        if args.shift and tuple(ref.shape) != tuple(raw.shape):
+            raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} "
+                             f"{tuple(raw.shape)} (--shift needs the same shape)")
+    return raw, ref, _load_targets(tpath, lpath, raw, args)
+
+
+class _TokenOutputs:
+    """score's per-token outputs: --per-token (a file of per-position values,
+    written chunk by chunk) and --plot (per-position mean NLL, calibration)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from ._checks import check_ignore_index
+
+        self.args = args
+        self.ignore = check_ignore_index(args.ignore_index)
+        self.writer: Optional[TokenWriter] = None
+        self.wanted: Dict[str, bool] = {}
+        if args.per_token:
+            check_token_path(args.per_token)
+            self.wanted["rank"] = True
+        if args.plot:
+            check_plot_path(args.plot)
+            self.wanted["top_logprob"] = True
+        self.pos_nll = np.zeros(0)
+        self.pos_count = np.zeros(0)
+        self.calibration: Optional[Calibration] = None
+        self.sequences = 0  # sequences of the shards before
+        self.where: Tuple[npt.NDArray[np.int64], ...] = ()
+        self.taken = 0
+
+    def shard(self, shape: Tuple[int, ...], t: npt.NDArray[np.integer[Any]]) -> None:
+        """A shard's counted positions, in the order its pieces give them:
+        (sequence, position in the sequence, target)."""
+        if not self.wanted:
+            return
+        lead = tuple(int(n) for n in shape[:-1])
+        steps = lead[-1] if lead else 1
+        t2 = np.asarray(t).reshape(-1, steps)
+        first = 1 if self.args.shift else 0  # with --shift, position t predicts targets[t + 1]
+        aligned = t2[:, first:]
+        idx = np.flatnonzero((aligned >= 0) & (aligned != self.ignore))
+        width = max(1, aligned.shape[1])
+        seq, pos = idx // width, idx % width + first
+        self.where = (seq + self.sequences, pos, aligned.reshape(-1)[idx].astype(np.int64))
+        self.sequences += t2.shape[0]
+        self.taken = 0
+
+    def rows(self, res: Any) -> None:
+        """A piece's per-row results."""
+        if not self.wanted:
+            return
+        c = res.counted
+        n = int(np.count_nonzero(c))
+        seq, pos, tgt = (a[self.taken:self.taken + n] for a in self.where)
+        self.taken += n
+        nll = res.floats("nll")[c]
+        if self.args.plot:
+            size = int(pos.max()) + 1 if n else 0
+            if size > self.pos_nll.size:
+                self.pos_nll = np.pad(self.pos_nll, (0, size - self.pos_nll.size))
+                self.pos_count = np.pad(self.pos_count, (0, size - self.pos_count.size))
+            self.pos_nll[:size] += np.bincount(pos, weights=nll, minlength=size)
+            self.pos_count[:size] += np.bincount(pos, minlength=size)
+            part = Calibration.from_arrays(np.exp(res.floats("top_logprob")[c]),
+                                           res.indices("argmax")[c] == tgt, bins=self.args.bins)
+            self.calibration = part if self.calibration is None else self.calibration.add(part)
+        if self.args.per_token:
+            cols: Dict[str, npt.NDArray[Any]] = {"sequence": seq, "position": pos, "target": tgt, "nll": nll,
+                                                 "rank": res.indices("rank")[c]}
+            if res.entropy is not None:
+                cols["entropy"] = res.floats("entropy")[c]
+            if res.kl is not None:
+                cols["kl"] = res.floats("kl")[c]
+            if self.writer is None:
+                self.writer = TokenWriter(self.args.per_token, [(k, v.dtype) for k, v in cols.items()])
+            self.writer.write(cols)
+
+    def close(self, m: Any) -> None:
+        if self.args.per_token:
+            if self.writer is None:  # no piece at all
+                self.writer = TokenWriter(self.args.per_token, [(k, np.int64) for k in ("sequence", "position",
+                                                                                          "target", "rank")])
+            self.writer.close()
+        if self.args.plot:
+            plot(self.args.plot, self.pos_nll, self.pos_count, self.calibration,
+                 title=f"{m.tokens} tokens, loss {m.loss:.4f} nats")
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
 
 
 # score's table: each field of Metrics with its unit (fractions as %)
@@ -351,17 +469,7 @@ def _compare(args: argparse.Namespace) -> int:
                      ("--reference", args.reference, "reference logits"))
 
     def load(paths: Tuple[str, ...], vocab: Optional[int]) -> Tuple[Any, Any, npt.NDArray[np.integer[Any]]]:
-        lpath, tpath, rpath = paths
-        raw = load_array(lpath, "logits", args.key)
-        z = _rows(raw, lpath, vocab)
-        ref = load_array(rpath, "reference logits", args.reference_key)
-        r = _rows(ref, rpath, z.shape[1])
-        if r.shape[0] != z.shape[0]:
-            raise InputError(f"{rpath} has {r.shape[0]} rows, {lpath} has {z.shape[0]}")
-        if args.shift and tuple(ref.shape) != tuple(raw.shape):
-            raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} "
-                             f"{tuple(raw.shape)} (--shift needs the same shape)")
-        return raw, ref, _load_targets(tpath, lpath, raw, args)
+        return _load_shard(paths, vocab, args)
 
     table = None
     parts = []
@@ -481,6 +589,7 @@ examples:
   lmmetrics score logits/ targets/                 shards: the files of each directory, paired in sorted order
   lmmetrics score 'run/logits-*.npy' 'run/targets-*.npy'     a glob each (quoted: lmmetrics expands it)
   lmmetrics score dumps/ dumps/ --shift            shards of {logits, labels} dumps
+  lmmetrics score q.npy t.npy --reference base.npy --per-token tokens.npz --plot run.png
 
 LOGITS and TARGETS are each a file, a directory (its .npy / .npz /
 .safetensors / .pt / .pth files) or a glob; their files are paired in sorted
@@ -491,9 +600,16 @@ shifted by one); without --shift, targets equal to the dump's input_ids are
 refused (every token would predict itself).
 
 table: loss and entropy in nats per token, bits per token / byte in bits,
-accuracy in %. --json: one line of strict JSON, the same fields, fractions
-(accuracy, same_top) as fractions, null for NaN / inf or a metric that does
-not apply (bits_per_byte without --token-bytes).
+accuracy in %; each mean with its standard error (±), the perplexity with
+its 95% interval. --json: one line of strict JSON, the same fields
+(<mean>_stderr, perplexity_low / perplexity_high), fractions (accuracy,
+same_top) as fractions, null for NaN / inf or a metric that does not apply
+(bits_per_byte without --token-bytes).
+--per-token FILE (.npz, .parquet with pyarrow): one row per counted position
+(sequence, position, target, nll, rank, entropy, kl with --reference),
+written chunk by chunk into a temporary file renamed when complete.
+--plot FILE.png (matplotlib): mean NLL by position and the calibration
+curve.
 """
 
 _COMPARE_EPILOG = """\
@@ -570,6 +686,18 @@ def _parser() -> argparse.ArgumentParser:
                    _SCORE_EPILOG, [files])
     s.add_argument("logits", metavar="LOGITS", help="a file, a directory of shards or a glob")
     s.add_argument("targets", metavar="TARGETS", help="a file, a directory or a glob (as many files as LOGITS)")
+    s.add_argument("--reference", metavar="REFERENCE_LOGITS",
+                   help="a reference model's logits (file, directory or glob), the same shape as LOGITS: adds "
+                        "kl, same_top, loss_ref and the paired loss_diff")
+    s.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
+    s.add_argument("--per-token", metavar="FILE",
+                   help="write each counted position's values to FILE (.npz, or .parquet with pyarrow), chunk by "
+                        "chunk: sequence, position, target, nll, rank, entropy (kl with --reference)")
+    s.add_argument("--plot", metavar="FILE",
+                   help="draw the mean NLL by position and the calibration curve into FILE (.png; needs "
+                        "matplotlib)")
+    s.add_argument("--bins", type=_positive_int, default=15,
+                   help="--plot: calibration bins over [0, 1] (default 15)")
     c = _subparser(sub, "compare", "a model's logits against a reference model's (llama.cpp's KLD statistics)",
                    "The statistics of llama-perplexity --kl-divergence for a model's LOGITS against a "
                    "reference\n(base) model's, on the same TARGETS: perplexities and their ratio, KL "

@@ -1,0 +1,161 @@
+"""lmmetrics score --per-token / --plot / --reference: the per-position file
+against float64 numpy (NLL, entropy, KL) and a numpy count (rank), streamed
+across chunks and shards; the PNG's size; and the bad input: no partial
+file is ever left behind."""
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from helpers import ref_entropy, ref_kl, ref_nll
+
+
+def main_error(capsys, *args):
+    """Run the CLI in this process: exit 2 with a one-line error."""
+    from lmmetrics.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("export")
+    rng = np.random.default_rng(0)
+    z = (rng.standard_normal((4, 30, 500)) * 2).astype(np.float32)
+    r = (z + rng.standard_normal(z.shape) * 0.3).astype(np.float32)
+    t = rng.integers(0, 500, (4, 30))
+    t[1, 3:9] = -100
+    for i in range(2):  # two shards of two sequences each
+        np.save(d / f"z{i}.npy", z[2 * i:2 * i + 2])
+        np.save(d / f"r{i}.npy", r[2 * i:2 * i + 2])
+        np.save(d / f"t{i}.npy", t[2 * i:2 * i + 2])
+    np.save(d / "z.npy", z)
+    np.save(d / "r.npy", r)
+    np.save(d / "t.npy", t)
+    return d, z, r, t
+
+
+def _expected(z, r, t, shift):
+    """Every column, from numpy in float64, in the order of the counted
+    positions (sequence-major)."""
+    if shift:
+        z, r, t = z[:, :-1], r[:, :-1], t[:, 1:]
+    seq, pos = np.nonzero(t >= 0)
+    zz, rr, tt = z[seq, pos].astype(np.float64), r[seq, pos].astype(np.float64), t[seq, pos]
+    rank = (z[seq, pos] > z[seq, pos, tt][:, None]).sum(-1)  # compared in the logits' own float32
+    return {"sequence": seq, "position": pos + (1 if shift else 0), "target": tt, "nll": ref_nll(zz, tt),
+            "rank": rank, "entropy": ref_entropy(zz), "kl": ref_kl(rr, zz)}
+
+
+def _check(got, want):
+    assert list(got) == ["sequence", "position", "target", "nll", "rank", "entropy", "kl"]
+    for k in ("sequence", "position", "target", "rank"):
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    for k in ("nll", "entropy", "kl"):
+        np.testing.assert_allclose(got[k], want[k], atol=2e-6, rtol=2e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["aligned", "shift"])
+def test_per_token_npz_streams_chunks_and_shards(data, tmp_path, capsys, shift):
+    from lmmetrics.cli import main
+
+    d, z, r, t = data
+    out = tmp_path / "tokens.npz"
+    extra = ["--shift"] if shift else []
+    # a 1 KiB chunk: a few rows (or part of a sequence) at a time, over two shards
+    args = ["score", str(d / "z?.npy"), str(d / "t?.npy"), "--reference", str(d / "r?.npy"), "--per-token", str(out),
+            "--chunk-mb", str(1 / 1024), "--json"] + extra
+    assert main(args) == 0
+    capsys.readouterr()
+    with np.load(out) as f:
+        got = {k: f[k] for k in f.files}
+    _check(got, _expected(z, r, t, shift))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".lmmetrics")]  # the temporary folder is gone
+
+
+def test_per_token_parquet(data, tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    from lmmetrics.cli import main
+
+    d, z, r, t = data
+    out = tmp_path / "tokens.parquet"
+    assert main(["score", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "r.npy"), "--per-token",
+                 str(out), "--chunk-mb", "0.01", "--shift"]) == 0
+    capsys.readouterr()
+    table = pq.read_table(out)
+    assert table.num_rows == int((t[:, 1:] >= 0).sum())
+    _check({k: table.column(k).to_numpy() for k in table.column_names}, _expected(z, r, t, True))
+
+
+def test_score_reference_adds_the_paired_numbers(data, capsys):
+    from lmmetrics.cli import main
+    import json
+
+    d, z, r, t = data
+    assert main(["score", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "r.npy"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    m = lmmetrics.evaluate(z, t, reference_logits=r)
+    for k in ("kl", "same_top", "loss_ref", "loss_diff", "loss_diff_stderr"):
+        assert got[k] == pytest.approx(m.as_dict()[k], rel=1e-12), k
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_plot_is_a_png_of_the_documented_size(data, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from lmmetrics._plot import SIZE
+    from lmmetrics.cli import main
+
+    d, z, r, t = data
+    out = tmp_path / "plot.png"
+    assert main(["score", str(d / "z.npy"), str(d / "t.npy"), "--plot", str(out), "--shift", "--bins", "10"]) == 0
+    capsys.readouterr()
+    assert _png_size(out) == SIZE == (1200, 450)
+
+
+def test_bad_outputs_are_one_line_errors_and_leave_no_file(data, tmp_path, capsys):
+    d, z, r, t = data
+    base = ["score", str(d / "z.npy"), str(d / "t.npy")]
+    assert "end in .npz or .parquet" in main_error(capsys, *base, "--per-token", tmp_path / "x.csv")
+    assert "cannot write into" in main_error(capsys, *base, "--per-token", tmp_path / "no" / "x.npz")
+    assert "end in .png" in main_error(capsys, *base, "--plot", tmp_path / "x.jpg")
+    assert "--bins" in main_error(capsys, *base, "--plot", tmp_path / "x.png", "--bins", "0")
+    # an error in the middle of the run (NaN in the last shard's logits): nothing at the destination
+    bad = z.copy()
+    bad[3, 20, 7] = np.nan
+    np.save(tmp_path / "bad.npy", bad)
+    out = tmp_path / "tokens.npz"
+    err = main_error(capsys, "score", tmp_path / "bad.npy", d / "t.npy", "--per-token", out, "--chunk-mb", "0.01")
+    assert "NaN" in err
+    assert os.listdir(tmp_path) == ["bad.npy"]  # no partial file, no temporary folder
+
+
+@pytest.mark.parametrize("module,option,name", [("pyarrow", "--per-token", "x.parquet"),
+                                                ("matplotlib", "--plot", "x.png")])
+def test_missing_optional_package_is_named(data, tmp_path, module, option, name):
+    """The optional package not importable (a stand-in raising ImportError
+    first on the path): one line naming it, exit 2."""
+    d, z, r, t = data
+    fake = tmp_path / "fake"
+    (fake / module).mkdir(parents=True)
+    (fake / module / "__init__.py").write_text(f"raise ImportError('no {module} here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake)] + sys.path))
+    res = subprocess.run([sys.executable, "-m", "lmmetrics", "score", str(d / "z.npy"), str(d / "t.npy"), option,
+                          str(tmp_path / name)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2 and f"needs {module} (pip install {module})" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / name).exists()
