@@ -273,9 +273,12 @@ class Calibration:
             raise ValueError(f"confidence holds {conf.size} values and correct {ok.size}")
         if conf.size and not (np.all(conf >= 0.0) and np.all(conf <= 1.0)):
             raise ValueError("confidence must lie in [0, 1] (and not be NaN)")
-        which = np.minimum((conf * n).astype(np.int64), n - 1)  # the last bin closed
-        return cls(np.linspace(0.0, 1.0, n + 1), np.bincount(which, minlength=n).astype(np.int64),
-                   np.bincount(which, conf, minlength=n), np.bincount(which, ok, minlength=n).astype(np.int64))
+        edges = np.linspace(0.0, 1.0, n + 1)
+        # bin b: edges[b] <= c < edges[b + 1], the last one closed
+        which = np.minimum(np.searchsorted(edges, conf, side="right") - 1, n - 1)
+        conf_sum: F64Array = np.bincount(which, conf, minlength=n).astype(np.float64)
+        return cls(edges, np.bincount(which, minlength=n).astype(np.int64), conf_sum,
+                   np.bincount(which, ok, minlength=n).astype(np.int64))
 
     def add(self, other: Calibration) -> Calibration:
         """The bins of both (same edges): counts and sums added."""
