@@ -387,14 +387,8 @@ def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ign
 
     Parameters
     ----------
-    logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
-    targets : array_like or torch.Tensor
-        Integer token ids shaped like the logits without their last axis.
-    bins : int, default 15
-        The number of bins.
-    ignore_index, shift, softcap, num_threads
-        As in :func:`token_rank`.
+    logits, targets, bins, ignore_index, shift, softcap, num_threads
+        As in :func:`calibration`.
 
     Returns
     -------
@@ -403,10 +397,8 @@ def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ign
 
     Raises
     ------
-    TypeError
-        ``bins`` not an integer, integer logits or float targets.
-    ValueError
-        ``bins`` < 1, or what :func:`token_rank` raises.
+    TypeError, ValueError
+        As :func:`calibration` raises them.
 
     Examples
     --------
