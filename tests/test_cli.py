@@ -217,6 +217,8 @@ def test_demo_info_and_bench():
         for r in reads:  # the fastest path is named: "(avx2)", "(scalar + prefetch)", ...
             path = r[r.rindex("(") + 1:-1].split(" + ")
             assert path[0] in _core.ISAS and path[1:] in ([], ["prefetch"]), r
+        ranks = [r for r in rows if r.startswith("nll + rank, ")]
+        assert len(ranks) == 1 and "x cross_entropy, median " in ranks[0], out
     last = out.strip().splitlines()[-1]
     assert last.startswith("small call (1 x ") and " us" in last, out
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "torchmetrics"]
+MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "ranking", "torchmetrics"]
 OPTIONAL = ("torch", "tokenizers", "torchmetrics")
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 

@@ -467,7 +467,7 @@ def test_core_run_fills_the_outputs_it_is_given():
     (np.array([1, 2, 3], np.int64), (None, None, np.empty(3)), ValueError, "argmax must be a 1-D C-contiguous aligned native int64"),
     (np.array([1, 2, 3], np.int64), (None, np.empty((3, 1))), ValueError, "entropy must be a 1-D"),
     (np.array([1, 2, 3], np.int64), (None, np.empty((3, 2))[:, 0]), ValueError, "contiguous"),
-    (np.array([1, 2, 3], np.int64), (None,) * 7, ValueError, "outputs holds 7 arrays, at most 6"),
+    (np.array([1, 2, 3], np.int64), (None,) * 9, ValueError, "outputs holds 9 arrays, at most 8"),
 ])
 def test_core_run_refuses_what_is_not_one_value_a_row(targets, outputs, err, needle):
     z = np.zeros((3, 8), np.float32)

@@ -7,7 +7,7 @@ shared host's memory speed drifts from second to second): the kernel's time agai
 read-only pass over the same buffer (each SIMD path's float max loop with
 eight chains, with and without a software prefetch: the fastest is used,
 and named), for one thread and for all threads, in each dtype; ``evaluate``
-against the NLL alone; ``kl_divergence`` against a read of both buffers;
+and the NLL with each target's rank against the NLL alone; ``kl_divergence`` against a read of both buffers;
 the NLL against torch's eager ``F.cross_entropy`` and, when asked
 (``compile=True``: a compile per dtype, tens of seconds each), the same
 function under ``torch.compile``, at each thread count; and the small call
@@ -23,7 +23,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
+from . import _core, _engine
 from ._errors import InputError
 from ._types import I64Array
 
@@ -86,6 +86,12 @@ def read_pass(buffers: Sequence[npt.NDArray[Any]], threads: int, repeat: int) ->
             found.append((best_time(run, repeat), isa + (" + prefetch" if prefetch else ""), run))
     _, name, fn = min(found, key=lambda f: f[0])
     return fn, name
+
+
+def _nll_and_rank(z: npt.NDArray[Any], targets: I64Array, threads: int) -> None:
+    """The NLL and each target's rank in one pass (what top-k accuracy
+    and the reciprocal rank read)."""
+    _engine.run(z, targets, num_threads=threads, nll=True, rank=True)
 
 
 def paired(base: Callable[[], object], fn: Callable[[], object], repeat: int) -> Tuple[float, float, float]:
@@ -229,6 +235,9 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
         nll, ev, ev_frac = paired(nll_fn, functools.partial(evaluate, z, targets, num_threads=threads), repeat)
         print_fn(f"{'evaluate, ' + str(threads) + ' thread(s)':30} {ev * 1e3:9.2f} {z.nbytes / ev / 1e9:7.1f} "
                  f"{'':>8} {'':>7}  ({ev / nll:.2f}x cross_entropy, median {1 / ev_frac:.2f}x)")
+        nll, rk, rk_frac = paired(nll_fn, functools.partial(_nll_and_rank, z, targets, threads), repeat)
+        print_fn(f"{'nll + rank, ' + str(threads) + ' thread(s)':30} {rk * 1e3:9.2f} {z.nbytes / rk / 1e9:7.1f} "
+                 f"{'':>8} {'':>7}  ({rk / nll:.2f}x cross_entropy, median {1 / rk_frac:.2f}x)")
         half = tokens // 2
         if half:
             model, reference = z[:half], make_logits(half, vocab, dtype, seed=3)

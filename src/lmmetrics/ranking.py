@@ -273,9 +273,12 @@ class Calibration:
             raise ValueError(f"confidence holds {conf.size} values and correct {ok.size}")
         if conf.size and not (np.all(conf >= 0.0) and np.all(conf <= 1.0)):
             raise ValueError("confidence must lie in [0, 1] (and not be NaN)")
-        which = np.minimum((conf * n).astype(np.int64), n - 1)  # the last bin closed
-        return cls(np.linspace(0.0, 1.0, n + 1), np.bincount(which, minlength=n).astype(np.int64),
-                   np.bincount(which, conf, minlength=n), np.bincount(which, ok, minlength=n).astype(np.int64))
+        edges = np.linspace(0.0, 1.0, n + 1)
+        # bin b: edges[b] <= c < edges[b + 1], the last one closed
+        which = np.minimum(np.searchsorted(edges, conf, side="right") - 1, n - 1)
+        conf_sum: F64Array = np.bincount(which, conf, minlength=n).astype(np.float64)
+        return cls(edges, np.bincount(which, minlength=n).astype(np.int64), conf_sum,
+                   np.bincount(which, ok, minlength=n).astype(np.int64))
 
     def add(self, other: Calibration) -> Calibration:
         """The bins of both (same edges): counts and sums added."""
@@ -384,14 +387,8 @@ def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ign
 
     Parameters
     ----------
-    logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
-    targets : array_like or torch.Tensor
-        Integer token ids shaped like the logits without their last axis.
-    bins : int, default 15
-        The number of bins.
-    ignore_index, shift, softcap, num_threads
-        As in :func:`token_rank`.
+    logits, targets, bins, ignore_index, shift, softcap, num_threads
+        As in :func:`calibration`.
 
     Returns
     -------
@@ -400,10 +397,8 @@ def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ign
 
     Raises
     ------
-    TypeError
-        ``bins`` not an integer, integer logits or float targets.
-    ValueError
-        ``bins`` < 1, or what :func:`token_rank` raises.
+    TypeError, ValueError
+        As :func:`calibration` raises them.
 
     Examples
     --------
