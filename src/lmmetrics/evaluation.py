@@ -24,6 +24,8 @@ from ._types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
 from .documents import DocumentSums, Documents
 from .metrics import units_of
+from .ranking import Calibration
+from .ranking import _check_bins
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,17 @@ class Metrics:
     per_document : Documents or None
         With ``document_ids``: each document's values (numpy arrays), and
         lm-eval's per-document aggregations.
+    top_k_accuracy : dict
+        With ``top_k``: for each k, the share of counted tokens whose rank
+        (the number of logits above the target's) is below k; in
+        :meth:`as_dict` as ``top_<k>_accuracy``.
+    mean_reciprocal_rank : float or None
+        With ``top_k``: the mean of ``1 / (rank + 1)``.
+    ece : float or None
+        With ``calibration_bins``: the expected calibration error of the
+        top token's probability against top-1 correctness.
+    calibration : Calibration or None
+        With ``calibration_bins``: the reliability-diagram bins.
     """
 
     tokens: int                       #: counted tokens
@@ -128,6 +141,10 @@ class Metrics:
     stderr_documents: Mapping[str, float] = field(default_factory=dict)  #: clustered by document
     perplexity_interval_documents: Optional[Tuple[float, float]] = None
     per_document: Optional[Documents] = field(default=None, repr=False, compare=False)
+    top_k_accuracy: Mapping[int, float] = field(default_factory=dict)  #: with top_k: k -> share with rank < k
+    mean_reciprocal_rank: Optional[float] = None  #: with top_k: mean of 1 / (rank + 1)
+    ece: Optional[float] = None        #: with calibration_bins: expected calibration error
+    calibration: Optional[Calibration] = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> Dict[str, Optional[float]]:
         """The values as a flat dict of numbers (JSON-ready).
@@ -146,7 +163,12 @@ class Metrics:
         out: Dict[str, Optional[float]] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("stderr", "stderr_documents", "per_document"):
+            if f.name in ("stderr", "stderr_documents", "per_document", "calibration"):
+                continue
+            if f.name == "top_k_accuracy":
+                for k, acc in self.top_k_accuracy.items():
+                    out[f"top_{k}_accuracy"] = acc
+                    out[f"top_{k}_accuracy_stderr"] = self.stderr.get(f"top_{k}_accuracy")
                 continue
             if f.name.startswith("perplexity_interval"):
                 suffix = f.name[len("perplexity_interval"):]
@@ -164,9 +186,10 @@ class Metrics:
 
     def __str__(self) -> str:
         skip = ("stderr", "stderr_documents", "per_document", "perplexity_interval",
-                "perplexity_interval_documents")
+                "perplexity_interval_documents", "calibration", "top_k_accuracy")
         shown = [(f.name, getattr(self, f.name)) for f in fields(self)
                  if f.name not in skip and getattr(self, f.name) is not None]
+        shown += [(f"top_{k}_accuracy", v) for k, v in self.top_k_accuracy.items()]
         width = max(16, max(len(k) for k, _ in shown) + 2)
         rows = []
         for k, v in shown:
@@ -274,6 +297,15 @@ class Evaluator:
         ``token_bytes``, the KL with reference logits): the loss, perplexity
         and bits per token / byte for less work a batch; ``accuracy`` and
         ``entropy`` are then nan.
+    top_k : int, sequence of int or None, default None
+        Also count each target's rank (the number of logits above its own,
+        one compare per logit in the same pass): ``top_k_accuracy`` for each
+        k (each in [1, V]) and ``mean_reciprocal_rank``. None: no rank, no
+        cost.
+    calibration_bins : int or None, default None
+        Also bin the top token's probability (free in the pass) against
+        top-1 correctness into this many equal-width bins: ``ece`` and
+        ``calibration``. None: nothing, no cost.
 
     Raises
     ------
@@ -304,7 +336,10 @@ class Evaluator:
 
     def __init__(self, *, token_bytes: Any = None, ignore_index: Optional[int] = -100,
                  shift: Optional[bool] = None, softcap: Optional[float] = None,
-                 num_threads: Optional[int] = None, nll_only: bool = False):
+                 num_threads: Optional[int] = None, nll_only: bool = False,
+                 top_k: Union[None, int, Iterable[int]] = None, calibration_bins: Optional[int] = None):
+        self.top_k = _check_top_k(top_k)
+        self.calibration_bins = None if calibration_bins is None else _check_bins(calibration_bins)
         self.ignore_index = _engine.check_ignore_index(ignore_index)
         self.shift = _engine.check_shift(shift)
         _engine.check_softcap(softcap)
@@ -318,12 +353,19 @@ class Evaluator:
         self._token_bytes: Optional[I64Array] = None
         self._state = _Sums()
         self._docs: Optional[DocumentSums] = None  # with document_ids
+        self._ranks = _RankSums(self.top_k) if self.top_k else None  # with top_k
+        self._cal = self._no_calibration()  # with calibration_bins
+
+    def _no_calibration(self) -> Optional[Calibration]:
+        return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
 
     def reset(self) -> None:
         """Forget everything seen (the settings stay).
         """
         self._state = _Sums()
         self._docs = None
+        self._ranks = _RankSums(self.top_k) if self.top_k else None
+        self._cal = self._no_calibration()
 
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
@@ -401,16 +443,29 @@ class Evaluator:
         ref = reference_logits is not None
         full = not self.nll_only
         docs = self._document_rows(document_ids, targets)
+        if self.top_k:
+            more["rank"] = True
+        if self.calibration_bins is not None:
+            more["top_logprob"] = True
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
-                          nll=True, entropy=full, argmax=full or ref, kl=ref, ref_nll=ref, **more)
+                          nll=True, entropy=full, argmax=full or ref or self.calibration_bins is not None,
+                          kl=ref, ref_nll=ref, **more)
+        if self.top_k and self.top_k[-1] > res.n_cols:
+            raise ValueError(f"top_k {self.top_k[-1]} is above the vocabulary size {res.n_cols}")
         if docs is not None and docs.size != res.counted.size:
             raise ValueError(f"document_ids give {docs.size} positions, the logits {res.counted.size}")
         table = self._table(res.n_cols)
         st = replace(self._state)
         doc_sums = None if docs is None else (self._docs.copy() if self._docs is not None else DocumentSums())
         self._add(st, res, table, ref, docs, doc_sums)
-        self._state, self._docs = st, doc_sums
+        ranks = None if self._ranks is None else self._ranks.plus(res)
+        cal = self._cal
+        if cal is not None:
+            c = res.counted
+            cal = cal.add(Calibration.from_arrays(np.exp(res.floats("top_logprob")[c]),
+                                                  res.indices("argmax")[c] == res.target_ids[c], cal.bins))
+        self._state, self._docs, self._ranks, self._cal = st, doc_sums, ranks, cal
         return res
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
@@ -519,6 +574,10 @@ class Evaluator:
             perplexity_interval=_exp_interval(loss, se["loss"]) if n else None)
         if self._docs is not None:
             values.update(self._document_values(self._docs, values, se, has_bytes, full))
+        if self._ranks is not None:
+            values.update(self._ranks.values(n, se))
+        if self._cal is not None:
+            values.update(ece=self._cal.ece, calibration=self._cal)
         return Metrics(stderr=se, **values)
 
     def _document_values(self, docs: DocumentSums, micro: Mapping[str, Any], se: Dict[str, float],
@@ -577,6 +636,8 @@ class Evaluator:
             raise ValueError("cannot merge Evaluators with different ignore_index or softcap")
         if other.nll_only != self.nll_only:
             raise ValueError("cannot merge an nll_only Evaluator and one computing every metric")
+        if (other.top_k, other.calibration_bins) != (self.top_k, self.calibration_bins):
+            raise ValueError("cannot merge Evaluators with different top_k or calibration_bins")
         if (other._token_bytes_in is None) != (self._token_bytes_in is None):
             raise ValueError("cannot merge an Evaluator with token_bytes and one without")
         if self._token_bytes_in is not None and not _same_table(self._token_bytes_in, other._token_bytes_in):
@@ -605,6 +666,10 @@ class Evaluator:
         mine, theirs = asdict(self._state), asdict(other._state)
         self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
         self._docs = docs
+        if self._ranks is not None and other._ranks is not None:
+            self._ranks = self._ranks.add(other._ranks)
+        if self._cal is not None and other._cal is not None:
+            self._cal = self._cal.add(other._cal)
         return self
 
     def state_dict(self) -> Dict[str, Any]:
@@ -620,6 +685,10 @@ class Evaluator:
         state: Dict[str, Any] = asdict(self._state)
         if self._docs is not None:
             state["documents"] = self._docs.state()
+        if self._ranks is not None:
+            state["rank"] = self._ranks.state()
+        if self._cal is not None:
+            state["calibration"] = _calibration_state(self._cal)
         return state
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -638,6 +707,11 @@ class Evaluator:
         names = set(_COUNTS + _SUMS)
         missing = names - set(state)
         unknown = set(state) - names - {"documents"}
+        if self.top_k:
+            missing |= {"rank"} - set(state)
+        if self.calibration_bins is not None:
+            missing |= {"calibration"} - set(state)
+        unknown -= ({"rank"} if self.top_k else set()) | ({"calibration"} if self._cal is not None else set())
         if missing or unknown:
             raise ValueError(f"not an Evaluator state: missing {sorted(missing)}, unknown {sorted(unknown)}")
         new: Dict[str, Union[int, float]] = {}
@@ -655,8 +729,15 @@ class Evaluator:
             raise ValueError("Evaluator state: inconsistent counts (correct, kl_tokens and same_top "
                              "cannot exceed tokens)")
         docs = DocumentSums.from_state(state["documents"]) if "documents" in state else None
+        ranks = _RankSums.from_state(self.top_k, state["rank"]) if self.top_k else None
+        cal = self._cal
+        if cal is not None:
+            c = state["calibration"]
+            if not isinstance(c, Mapping) or set(c) != {"counts", "conf_sum", "correct"}:
+                raise ValueError("Evaluator state: calibration must hold counts, conf_sum and correct")
+            cal = _calibration_from(cal, c["counts"], c["conf_sum"], c["correct"])
         self._state = _sums(new)
-        self._docs = docs
+        self._docs, self._ranks, self._cal = docs, ranks, cal
 
     def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed``.
@@ -685,10 +766,21 @@ class Evaluator:
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         # the sums, and the number of ranks holding documents (the last entry)
-        vals = torch.tensor([float(v) for v in state.values()] + [float(self._docs is not None)],
+        extra: List[float] = [] if self._ranks is None else self._ranks.flat()
+        if self._cal is not None:
+            extra += self._cal.counts.tolist() + self._cal.conf_sum.tolist() + self._cal.correct.tolist()
+        vals = torch.tensor([float(v) for v in state.values()] + extra + [float(self._docs is not None)],
                             dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
         values = vals.cpu().tolist()
+        at = len(state)
+        if self._ranks is not None:
+            self._ranks = _RankSums.from_flat(self.top_k, values[at:at + len(self.top_k) + 2])
+            at += len(self.top_k) + 2
+        if self._cal is not None:
+            b = self._cal.bins
+            self._cal = _calibration_from(self._cal, values[at:at + b], values[at + b:at + 2 * b],
+                                          values[at + 2 * b:at + 3 * b])
         docs = self._docs
         if values[-1]:  # some rank has documents: every rank's are gathered and added
             gathered: List[Any] = [None] * dist.get_world_size(group)
@@ -697,7 +789,7 @@ class Evaluator:
             for part in gathered:
                 if part is not None:
                     docs.add(DocumentSums.from_state(part))
-        self._state = _sums(dict(zip(state, values[:-1])))
+        self._state = _sums(dict(zip(state, values[:len(state)])))
         self._docs = docs
         return self
 
@@ -718,6 +810,96 @@ def state_from_floats(values: Mapping[str, float]) -> Dict[str, Union[int, float
     """An Evaluator state from sums carried as floats (counts rounded back
     to integers), e.g. after a float64 all-reduce."""
     return {k: int(round(v)) if k in _COUNTS else float(v) for k, v in values.items()}
+
+
+def _check_top_k(top_k: Union[None, int, Iterable[int]]) -> Tuple[int, ...]:
+    """top_k as ascending distinct ints >= 1 (() for None)."""
+    if top_k is None:
+        return ()
+    try:
+        ks = [top_k] if isinstance(top_k, (int, np.integer)) else list(top_k)
+    except TypeError:
+        raise TypeError(f"top_k must be an int or a sequence of ints, got {top_k!r}") from None
+    for k in ks:
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"top_k must be an int or a sequence of ints, got {top_k!r}")
+        if k < 1:
+            raise ValueError(f"top_k must be at least 1, got {k}")
+    if not ks:
+        raise ValueError("top_k is empty: give at least one k, or None")
+    return tuple(sorted({int(k) for k in ks}))
+
+
+def _nonneg_int(x: object) -> bool:
+    return type(x) is not bool and isinstance(x, (int, np.integer)) and int(x) >= 0
+
+
+class _RankSums:
+    """With top_k: counted tokens whose rank is below each k, and the sum
+    and sum of squares of the reciprocal ranks (float64)."""
+
+    def __init__(self, ks: Tuple[int, ...], hits: Optional[List[int]] = None, rr_sum: float = 0.0,
+                 rr_sq: float = 0.0) -> None:
+        self.ks = ks
+        self.hits = [0] * len(ks) if hits is None else hits
+        self.rr_sum, self.rr_sq = rr_sum, rr_sq
+
+    def plus(self, res: _engine.RowResults) -> _RankSums:
+        rank = res.indices("rank")[res.counted]
+        rr = 1.0 / (rank + 1.0)
+        return _RankSums(self.ks, [h + int(np.count_nonzero(rank < k)) for h, k in zip(self.hits, self.ks)],
+                         self.rr_sum + float(np.sum(rr)), self.rr_sq + float(np.dot(rr, rr)))
+
+    def add(self, other: _RankSums) -> _RankSums:
+        return _RankSums(self.ks, [a + b for a, b in zip(self.hits, other.hits)], self.rr_sum + other.rr_sum,
+                         self.rr_sq + other.rr_sq)
+
+    def values(self, n: int, se: Dict[str, float]) -> Dict[str, Any]:
+        acc = {}
+        for k, h in zip(self.ks, self.hits):
+            acc[k] = h / n if n else math.nan
+            se[f"top_{k}_accuracy"] = mean_stderr(h, h, n)
+        se["mean_reciprocal_rank"] = mean_stderr(self.rr_sum, self.rr_sq, n)
+        return {"top_k_accuracy": acc, "mean_reciprocal_rank": self.rr_sum / n if n else math.nan}
+
+    def state(self) -> Dict[str, Any]:
+        return {"k": list(self.ks), "hits": list(self.hits), "rr_sum": self.rr_sum, "rr_sq": self.rr_sq}
+
+    def flat(self) -> List[float]:
+        return [float(h) for h in self.hits] + [self.rr_sum, self.rr_sq]
+
+    @classmethod
+    def from_flat(cls, ks: Tuple[int, ...], v: List[float]) -> _RankSums:
+        return cls(ks, [int(round(x)) for x in v[:len(ks)]], v[len(ks)], v[len(ks) + 1])
+
+    @classmethod
+    def from_state(cls, ks: Tuple[int, ...], state: Any) -> _RankSums:
+        try:
+            ok = (tuple(state["k"]) == ks and len(state["hits"]) == len(ks)
+                  and all(_nonneg_int(h) for h in state["hits"])
+                  and all(isinstance(state[x], numbers.Real) and state[x] >= 0 for x in ("rr_sum", "rr_sq")))
+        except (TypeError, KeyError):
+            ok = False
+        if not ok:
+            raise ValueError(f"Evaluator state: rank must hold k {list(ks)}, non-negative integer hits and sums")
+        return cls(ks, [int(h) for h in state["hits"]], float(state["rr_sum"]), float(state["rr_sq"]))
+
+
+def _calibration_state(cal: Calibration) -> Dict[str, Any]:
+    return {"counts": cal.counts.tolist(), "conf_sum": cal.conf_sum.tolist(), "correct": cal.correct.tolist()}
+
+
+def _calibration_from(empty: Calibration, counts: Any, conf_sum: Any, correct: Any) -> Calibration:
+    try:
+        c = np.asarray(counts, np.float64).reshape(-1)
+        s = np.asarray(conf_sum, np.float64).reshape(-1)
+        k = np.asarray(correct, np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError("Evaluator state: calibration must hold numbers") from None
+    if not (c.size == s.size == k.size == empty.bins) or np.isnan(s).any() or (c < 0).any() or (s < 0).any() \
+            or (k < 0).any() or (k > c).any():
+        raise ValueError(f"Evaluator state: calibration must hold {empty.bins} non-negative counts and sums a bin")
+    return Calibration(empty.edges, np.rint(c).astype(np.int64), s, np.rint(k).astype(np.int64))
 
 
 def _merged_documents(a: Evaluator, b: Evaluator) -> Optional[DocumentSums]:
@@ -744,7 +926,8 @@ def _same_table(a: Any, b: Any) -> bool:
 
 def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_logits: Any = None,
              document_ids: Any = None, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
-             softcap: Optional[float] = None, num_threads: Optional[int] = None) -> Metrics:
+             softcap: Optional[float] = None, num_threads: Optional[int] = None,
+             top_k: Union[None, int, Iterable[int]] = None, calibration_bins: Optional[int] = None) -> Metrics:
     """Every metric of :class:`Metrics` from one read of the logits.
 
     Parameters
@@ -792,6 +975,11 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     num_threads : int or None, default None
         CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
         (``OMP_NUM_THREADS``). The result does not depend on it.
+    top_k : int, sequence of int or None, default None
+        Also each target's rank, in the same pass: ``top_k_accuracy`` for
+        each k and ``mean_reciprocal_rank`` (see :class:`Evaluator`).
+    calibration_bins : int or None, default None
+        Also ``ece`` and ``calibration`` over this many confidence bins.
 
     Returns
     -------
@@ -828,7 +1016,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     0.2350...
     """
     ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift, softcap=softcap,
-                   num_threads=num_threads)
+                   num_threads=num_threads, top_k=top_k, calibration_bins=calibration_bins)
     ev.update(logits, targets, reference_logits=reference_logits, document_ids=document_ids)
     return ev.compute()
 
