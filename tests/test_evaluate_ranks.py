@@ -107,3 +107,45 @@ def test_loss_unchanged_by_the_extras():
     extra = lmmetrics.evaluate(z, t, top_k=5, calibration_bins=15)
     c = t >= 0
     assert extra.loss == plain.loss == pytest.approx(ref_nll(z[c].astype(np.float64), t[c]).mean(), rel=1e-6)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_compare_top_k_agreement(shift):
+    """Is the reference's top-1 among the model's top k: numpy's rank of the
+    reference's argmax in the model's float32 logits."""
+    rng = np.random.default_rng(5)
+    base = (rng.standard_normal((3, 60, 200)) * 3).astype(np.float32)
+    quant = (base + rng.standard_normal(base.shape) * 0.8).astype(np.float32)
+    t = rng.integers(0, 200, (3, 60))
+    t[0, :7] = -100
+    c = lmmetrics.compare(quant, t, reference_logits=base, top_k=3, shift=shift)
+    z, r, tt = (quant[:, :-1], base[:, :-1], t[:, 1:]) if shift else (quant, base, t)
+    keep = tt >= 0
+    zc, top = z[keep], r[keep].argmax(-1)
+    rank = (zc > zc[np.arange(top.size), top][:, None]).sum(-1)
+    want = (rank < 3).mean()
+    assert c.top_k == 3 and c.top_k_agreement.value == pytest.approx(want, abs=1e-12)
+    assert c.top_k_agreement.uncertainty == pytest.approx(math.sqrt(want * (1 - want) / (top.size - 1)))
+    assert want > c.same_top.value  # top 3 holds more than top 1
+    assert "Base top in top 3:" in str(c)
+    plain = lmmetrics.compare(quant, t, reference_logits=base, shift=shift)
+    assert plain.top_k_agreement is None and "Base top in top" not in str(plain)
+    with pytest.raises(ValueError, match="top_k 201 is above the vocabulary size 200"):
+        lmmetrics.compare(quant, t, reference_logits=base, top_k=201, shift=shift)
+
+
+def test_cli_compare_top_k(tmp_path, capsys):
+    from lmmetrics.cli import main
+
+    rng = np.random.default_rng(6)
+    base = (rng.standard_normal((50, 100)) * 3).astype(np.float32)
+    quant = (base + rng.standard_normal(base.shape) * 0.8).astype(np.float32)
+    t = rng.integers(0, 100, 50)
+    for name, a in (("b", base), ("q", quant), ("t", t)):
+        np.save(tmp_path / f"{name}.npy", a)
+    args = ["compare", str(tmp_path / "q.npy"), str(tmp_path / "t.npy"), "--reference", str(tmp_path / "b.npy"),
+            "--top-k", "5", "--json", "--chunk-mb", "0.01"]
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = lmmetrics.compare(quant, t, reference_logits=base, top_k=5)
+    assert got["top_k"] == 5 and got["top_k_agreement"]["value"] == pytest.approx(want.top_k_agreement.value)

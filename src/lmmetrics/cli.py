@@ -462,9 +462,9 @@ def _compare(args: argparse.Namespace) -> int:
                          f"{'' if args.reference is None else ' --reference ' + args.reference}); the old form "
                          f"REFERENCE LOGITS TARGETS is refused so that a swapped order cannot pass unnoticed; several "
                          f"files go as a directory or a quoted glob ('shards/*.npy')")
-    if args.format == "llama.cpp" and (args.json or args.token_bytes):
-        raise InputError(f"--format llama.cpp prints llama.cpp's table alone; "
-                         f"{'--json' if args.json else '--token-bytes'} needs --format table")
+    if args.format == "llama.cpp" and (args.json or args.token_bytes or args.top_k):
+        option = "--json" if args.json else "--token-bytes" if args.token_bytes else "--top-k"
+        raise InputError(f"--format llama.cpp prints llama.cpp's table alone; {option} needs --format table")
     shards = _shards(("LOGITS", args.logits, "logits"), ("TARGETS", args.targets, "targets"),
                      ("--reference", args.reference, "reference logits"))
 
@@ -479,7 +479,7 @@ def _compare(args: argparse.Namespace) -> int:
             table = as_table(load_array(args.token_bytes, "token_bytes"), int(raw.shape[-1]), "token_bytes")
         for zc, rc, tc in _pieces(raw, ref, t, 2, args):
             parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
-                                      softcap=args.softcap, num_threads=args.threads))
+                                      softcap=args.softcap, num_threads=args.threads, top_k=args.top_k))
             if table is not None:
                 ids = np.asarray(tc)[..., 1:] if args.shift else np.asarray(tc)
                 ids = ids.reshape(-1)
@@ -487,8 +487,9 @@ def _compare(args: argparse.Namespace) -> int:
                 counted_ids.append(ids[keep])
     if not parts:
         raise InputError(f"no counted token to compare: {args.logits} holds no positions")
-    values = [np.concatenate(p) for p in zip(*parts)]
-    cmp = comparison_from_tokens(*values)
+    values = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+    in_top_k = None if args.top_k is None else np.concatenate([p[4] for p in parts if p[4] is not None])
+    cmp = comparison_from_tokens(values[0], values[1], values[2], values[3], in_top_k=in_top_k, top_k=args.top_k)
     bpb: Optional[Tuple[float, float]] = None
     if table is not None:
         nbytes = table[np.concatenate(counted_ids)]
@@ -710,6 +711,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the reference (base) model's logits, the same shape as LOGITS: a file, a "
                         "directory or a glob (required)")
     c.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
+    c.add_argument("--top-k", type=_positive_int, default=None, metavar="K",
+                   help="add the share of tokens whose reference top-1 is in the model's top K (reads the "
+                        "logits a second time)")
     c.add_argument("--format", choices=["table", "llama.cpp"], default="table",
                    help="table: with units and the token count (default); llama.cpp: llama-perplexity's "
                         "statistics byte for byte")

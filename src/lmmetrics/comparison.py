@@ -102,6 +102,12 @@ class Comparison:
         ``sqrt(mean dp^2)``.
     same_top : Estimate
         Fraction of tokens whose argmaxes agree.
+    top_k : int or None
+        The k of ``top_k_agreement`` (``compare(..., top_k=k)``).
+    top_k_agreement : Estimate or None
+        Fraction of tokens whose reference top-1 token is among the model's
+        top k (its rank in the model's logits, the number of logits above
+        it, is below k).
     """
 
     tokens: int
@@ -115,6 +121,8 @@ class Comparison:
     delta_p: Distribution     #: p_model(target) - p_ref(target) per token
     rms_delta_p: Estimate     #: sqrt(mean dp^2)
     same_top: Estimate        #: fraction of tokens whose argmaxes agree
+    top_k: Optional[int] = None  #: the k of top_k_agreement
+    top_k_agreement: Optional[Estimate] = None  #: share whose reference top-1 is in the model's top k
 
     def as_dict(self) -> Dict[str, Any]:
         """Nested plain dicts (JSON-ready; percentile keys as strings).
@@ -130,7 +138,11 @@ class Comparison:
 
     def __str__(self) -> str:
         """llama.cpp's tables with units (nats, %) and the token count."""
-        return "\n".join([f"{text} {unit}" if unit else text for text, unit in self._lines()] +
+        extra = []
+        if self.top_k_agreement is not None:
+            e = self.top_k_agreement
+            extra = [f"Base top in top {self.top_k}: {100 * e.value:6.3f} ± {100 * e.uncertainty:5.3f} %"]
+        return "\n".join([f"{text} {unit}" if unit else text for text, unit in self._lines()] + extra +
                          [f"Tokens    : {self.tokens}"])
 
     def llama_cpp(self) -> str:
@@ -193,7 +205,8 @@ def _distribution(x: F64Array, pcts: Sequence[float]) -> Distribution:
 
 
 def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
-                           same: BoolArray) -> Comparison:
+                           same: BoolArray, in_top_k: Optional[BoolArray] = None,
+                           top_k: Optional[int] = None) -> Comparison:
     """The statistics from per-token float64 values of the counted tokens.
 
     Parameters
@@ -202,6 +215,11 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         Per-token NLL of the model and of the reference, and the KL, float64.
     same : numpy.ndarray
         Per token, whether the argmaxes agree (bool).
+    in_top_k : numpy.ndarray or None
+        Per token, whether the reference's top-1 is in the model's top
+        ``top_k`` (bool).
+    top_k : int or None
+        Its k.
 
     Returns
     -------
@@ -226,6 +244,10 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
     rms = math.sqrt(ms)
     k = int(np.count_nonzero(same))
     p_same = k / n
+    agreement = None
+    if in_top_k is not None:
+        p_in = int(np.count_nonzero(in_top_k)) / n
+        agreement = Estimate(p_in, math.sqrt(p_in * (1 - p_in) / (n - 1)) if n > 1 else 0.0)
     return Comparison(
         tokens=n,
         ppl=Estimate(ppl, u_m), ppl_ref=Estimate(ppl_r, u_r), correlation=corr,
@@ -234,12 +256,13 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         kld=_distribution(kld, KLD_PERCENTILES),
         delta_p=_distribution(dp, DELTA_P_PERCENTILES),
         rms_delta_p=Estimate(rms, 0.5 / rms * ms_sig if rms > 0 else 0.0),
-        same_top=Estimate(p_same, math.sqrt(p_same * (1 - p_same) / (n - 1)) if n > 1 else 0.0))
+        same_top=Estimate(p_same, math.sqrt(p_same * (1 - p_same) / (n - 1)) if n > 1 else 0.0),
+        top_k=top_k if in_top_k is not None else None, top_k_agreement=agreement)
 
 
 def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: Optional[int] = -100,
             shift: Optional[bool] = None, softcap: Optional[float] = None,
-            num_threads: Optional[int] = None) -> Comparison:
+            num_threads: Optional[int] = None, top_k: Optional[int] = None) -> Comparison:
     """Compare a model's logits with a reference model's on the same tokens.
 
     The statistics llama.cpp's ``perplexity --kl-divergence`` prints, from one
@@ -280,6 +303,10 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
     num_threads : int or None, default None
         CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
         (``OMP_NUM_THREADS``). The result does not depend on it.
+    top_k : int or None, default None
+        Also ``top_k_agreement``: the share of tokens whose reference top-1
+        token is among the model's top k (in [1, V]); reads the model's
+        logits a second time.
 
     Returns
     -------
@@ -306,24 +333,39 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
     (64, True, True)
     """
     return comparison_from_tokens(*token_values(reference_logits, logits, targets, ignore_index=ignore_index,
-                                                shift=shift, softcap=softcap, num_threads=num_threads))
+                                                shift=shift, softcap=softcap, num_threads=num_threads,
+                                                top_k=top_k), top_k=top_k)
 
 
 def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
                  shift: Optional[bool] = None, softcap: Optional[float] = None,
-                 num_threads: Optional[int] = None) -> Tuple[F64Array, F64Array, F64Array, BoolArray]:
+                 num_threads: Optional[int] = None, top_k: Optional[int] = None
+                 ) -> Tuple[F64Array, F64Array, F64Array, BoolArray, Optional[BoolArray]]:
     """Per counted token, from one read of both logits, the values
     :func:`comparison_from_tokens` takes (concatenate those of several chunks
-    first).
+    first). With ``top_k``, the model's logits are read a second time for
+    the rank of the reference's top-1 token among them.
 
     Returns
     -------
     tuple of numpy.ndarray
-        ``(nll_m, nll_r, kld, same)``.
+        ``(nll_m, nll_r, kld, same, in_top_k)`` (``in_top_k`` None without
+        ``top_k``).
     """
+    k = None if top_k is None else _engine.check_positive_int("top_k", top_k)
     res = _engine.run(logits, targets, reference_logits, ignore_index=ignore_index, shift=shift,
                       softcap=softcap, num_threads=num_threads, nll=True, ref_nll=True, kl=True,
                       argmax=True)
     c = res.counted
+    in_top_k = None
+    if k is not None:
+        if k > res.n_cols:
+            raise ValueError(f"top_k {k} is above the vocabulary size {res.n_cols}")
+        top = np.where(c, res.indices("ref_argmax"), -1).reshape(res.lead_shape)
+        if shift:  # the same rows again: targets laid out unshifted, the first position ignored
+            top = np.concatenate([np.full(top.shape[:-1] + (1,), -1, np.int64), top], axis=-1)
+        ranks = _engine.run(logits, top, ignore_index=-1, shift=shift, softcap=softcap,
+                            num_threads=num_threads, rank=True).indices("rank")
+        in_top_k = ranks[c] < k
     return (res.floats("nll")[c], res.floats("ref_nll")[c], res.floats("kl")[c],
-            res.indices("argmax")[c] == res.indices("ref_argmax")[c])
+            res.indices("argmax")[c] == res.indices("ref_argmax")[c], in_top_k)
