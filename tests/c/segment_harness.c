@@ -173,10 +173,19 @@ int main(void) {
                     ref_t ref = reference(z, (flags & LM_WANT_REF) ? r : NULL, n, cap);
                     lm_state st, sc;
                     /* where the data goes on (prefetched, never read): any address */
-                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, zb,
+                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, INFINITY, zb,
                                          (flags & LM_WANT_REF) ? rb : NULL, &st);
                     lm_unit_scalar.kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap,
-                                                  NULL, NULL, &sc);
+                                                  INFINITY, NULL, NULL, &sc);
+                    if (!cap && !(flags & LM_WANT_REF)) { /* the rank's count against the stored order */
+                        lm_state sr;
+                        double thr = lm_load1(zb, dtype, n / 2);
+                        int64_t want = 0;
+                        for (int64_t k = 0; k < n; k++) want += lm_load1(zb, dtype, k) > thr;
+                        unit->kernels[dtype](zb, NULL, n, flags | LM_WANT_RANK, cap, thr, NULL, NULL, &sr);
+                        if (!sr.exact)
+                            expect(sr.rank == want, "rank", "unit", dtype, n, flags, (double)sr.rank, (double)want);
+                    }
                     check_state("unit", &st, &ref, dtype, n, flags, cap);
                     check_state("scalar", &sc, &ref, dtype, n, flags, cap);
                     if (!st.exact && !sc.exact) {
@@ -195,7 +204,7 @@ int main(void) {
             int64_t n = 37;
             lm_state st;
             for (int64_t i = 0; i < n; i++) put(zb, dtype, i, i == pos ? NAN : rng_normal());
-            unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, NULL, NULL, &st);
+            unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, INFINITY, NULL, NULL, &st);
             expect(st.nan || st.exact, "NaN found", "unit", dtype, n, pos, st.nan, 1);
         }
     }
