@@ -185,3 +185,16 @@ def check_gpu_path_edges(device):
     again = lmmetrics.Evaluator()
     again.load_state_dict(ev.state_dict())
     assert again.compute().kl == ev.compute().kl >= 0
+
+
+def main_error(capsys, *args):
+    """Run the CLI in this process: exit 2 with a one-line error."""
+    from lmmetrics.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err

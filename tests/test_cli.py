@@ -14,7 +14,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _core
-from helpers import ref_nll
+from helpers import main_error, ref_nll
 
 SCRIPT = shutil.which("lmmetrics", path=os.path.dirname(sys.executable)) or shutil.which("lmmetrics")
 
@@ -309,19 +309,6 @@ def main_json(capsys, *args):
         raise ValueError(f"not strict JSON: {name}")
 
     return json.loads(out, parse_constant=refuse)
-
-
-def main_error(capsys, *args):
-    """Run the CLI in this process: exit 2 with a one-line error."""
-    from lmmetrics.cli import main
-
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse's errors
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 def test_json_is_strict_null_for_nan_and_inf(files, tmp_path, capsys):

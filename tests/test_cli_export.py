@@ -11,20 +11,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from helpers import ref_entropy, ref_kl, ref_nll
-
-
-def main_error(capsys, *args):
-    """Run the CLI in this process: exit 2 with a one-line error."""
-    from lmmetrics.cli import main
-
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse's errors
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err
+from helpers import main_error, ref_entropy, ref_kl, ref_nll
 
 
 @pytest.fixture(scope="module")

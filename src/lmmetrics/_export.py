@@ -23,23 +23,30 @@ from ._errors import InputError
 FORMATS = (".npz", ".parquet")
 
 
-def check_path(path: str) -> str:
-    """The format of ``path`` by its suffix; InputError for another suffix,
-    a missing pyarrow, or a folder that cannot be written."""
+def check_output(option: str, path: str, suffixes: Sequence[str], package: Optional[str] = None) -> str:
+    """The suffix of an output file ``path`` given to ``option``;
+    InputError for another suffix, a ``package`` that does not import, a
+    folder that cannot be written, or a directory."""
     suffix = os.path.splitext(path)[1].lower()
-    if suffix not in FORMATS:
-        raise InputError(f"--per-token {path}: the file must end in .npz or .parquet")
-    if suffix == ".parquet":
+    if suffix not in suffixes:
+        raise InputError(f"{option} {path}: the file must end in {' or '.join(suffixes)}")
+    if package is not None:
         try:
-            import pyarrow  # noqa: F401
+            __import__(package)
         except ImportError:
-            raise InputError("--per-token .parquet needs pyarrow (pip install pyarrow)") from None
+            raise InputError(f"{option} {suffix} needs {package} (pip install {package})") from None
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise InputError(f"--per-token {path}: cannot write into {folder}")
+        raise InputError(f"{option} {path}: cannot write into {folder}")
     if os.path.isdir(path):
-        raise InputError(f"--per-token {path}: is a directory")
+        raise InputError(f"{option} {path}: is a directory")
     return suffix
+
+
+def check_path(path: str) -> str:
+    """The format of a --per-token file by its suffix (see :func:`check_output`)."""
+    parquet = os.path.splitext(path)[1].lower() == ".parquet"
+    return check_output("--per-token", path, FORMATS, "pyarrow" if parquet else None)
 
 
 class TokenWriter:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import InputError
+from ._export import check_output
 
 #: the figure's size in pixels (width, height): 2 panels
 SIZE = (1200, 450)
@@ -21,15 +21,7 @@ _DPI = 100
 def check_path(path: str) -> None:
     """InputError unless ``path`` ends in .png, matplotlib imports and its
     folder can be written."""
-    if os.path.splitext(path)[1].lower() != ".png":
-        raise InputError(f"--plot {path}: the file must end in .png")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise InputError(f"--plot {path}: cannot write into {folder}")
+    check_output("--plot", path, (".png",), "matplotlib")
 
 
 def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.NDArray[np.float64],
