@@ -46,7 +46,7 @@ def test_top_k_mrr_and_ece_against_numpy():
         x = (rank < k).astype(float)
         assert m.stderr[f"top_{k}_accuracy"] == pytest.approx(x.std(ddof=1) / math.sqrt(x.size), rel=1e-9)
     assert m.mean_reciprocal_rank == pytest.approx(mrr, rel=1e-12)
-    assert m.ece == pytest.approx(ece, abs=1e-9)
+    assert m.ece == pytest.approx(ece, abs=2e-6)  # the confidence within the NLL's 2e-6
     assert m.calibration.counts.sum() == m.tokens
     d = m.as_dict()
     assert {"top_1_accuracy", "top_5_accuracy_stderr", "mean_reciprocal_rank", "ece"} <= set(d)
