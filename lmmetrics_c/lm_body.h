@@ -725,37 +725,51 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     st->rank = count;
 }
 
-/* The exported kernel: specialised for the flag sets the driver uses. */
+/* The exported kernel: specialised for the flag sets the driver uses, each
+ * specialisation a function of its own (LM_SPEC: the flags constants, the
+ * body folded to what they ask). Not one function holding them all, inlined
+ * side by side: GCC 12 then allocated the registers of the whole (a dozen
+ * copies of the pass and their loops) worse, and the evaluate pass without
+ * rank ran 4.6% more instructions (AVX2: a register copy a vector in the
+ * loop, spills per block) once the rank's four copies had joined
+ * [README: rank]. */
+#define LM_SPEC_FN(f) LM_FN(LM_NAME3(spec, f, flags)) /* spec_3_flags_avx2_f32 */
+#define LM_SPEC(f)                                                             \
+    LM_NOINLINE void LM_SPEC_FN(f)(const LM_ELEM *z, const LM_ELEM *r, int64_t n, double cap, \
+                                   double thr, const void *next, const void *next_ref,          \
+                                   lm_state *st) {                                              \
+        LM_FN(segment_)(z, r, n, (f) & LM_WANT_ENT, (f) & LM_WANT_AMAX, (f) & LM_WANT_REF, \
+                        (f) & LM_WANT_RANK, (f) & LM_WANT_CAP, cap, thr, next, next_ref, st); \
+    }
+/* the flag sets, as numbers (names are made of them): 0, CAP (8), ENT |
+ * AMAX (3), with CAP (11); the same with RANK (16, 24, 19, 27) and with
+ * REF (4, 12, 7, 15) */
+#define LM_SPECS(X) X(0) X(8) X(3) X(11) X(16) X(24) X(19) X(27) X(4) X(12) X(7) X(15)
+typedef char LM_FN(specs_flags_check)[LM_WANT_ENT == 1 && LM_WANT_AMAX == 2 && LM_WANT_REF == 4 &&
+                                      LM_WANT_CAP == 8 && LM_WANT_RANK == 16 ? 1 : -1];
+LM_SPECS(LM_SPEC)
+/* any other flag set: the flags as values */
+LM_NOINLINE void LM_FN(spec_any)(const LM_ELEM *z, const LM_ELEM *r, int64_t n, int flags,
+                                 double cap, double thr, const void *next, const void *next_ref,
+                                 lm_state *st) {
+    LM_FN(segment_)(z, r, n, flags & LM_WANT_ENT, flags & LM_WANT_AMAX, flags & LM_WANT_REF,
+                    flags & LM_WANT_RANK, flags & LM_WANT_CAP, cap, thr, next, next_ref, st);
+}
 static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
                            double cap, double thr, const void *next, const void *next_ref,
                            lm_state *st) {
     const LM_ELEM *zz = (const LM_ELEM *)z, *rr = (const LM_ELEM *)r;
 #define LM_CASE(f)                                                             \
-    case f:                                                                    \
-        LM_FN(segment_)(zz, rr, n, (f) & LM_WANT_ENT, (f) & LM_WANT_AMAX,      \
-                        (f) & LM_WANT_REF, (f) & LM_WANT_RANK, (f) & LM_WANT_CAP, \
-                        cap, thr, next, next_ref, st);                         \
-        return;
+    case f: LM_SPEC_FN(f)(zz, rr, n, cap, thr, next, next_ref, st); return;
     switch (flags) {
-        LM_CASE(0)
-        LM_CASE(LM_WANT_CAP)
-        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX)
-        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_CAP)
-        LM_CASE(LM_WANT_RANK)
-        LM_CASE(LM_WANT_RANK | LM_WANT_CAP)
-        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_RANK)
-        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_RANK | LM_WANT_CAP)
-        LM_CASE(LM_WANT_REF)
-        LM_CASE(LM_WANT_REF | LM_WANT_CAP)
-        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF)
-        LM_CASE(LM_WANT_ENT | LM_WANT_AMAX | LM_WANT_REF | LM_WANT_CAP)
-    default:
-        LM_FN(segment_)(zz, rr, n, flags & LM_WANT_ENT, flags & LM_WANT_AMAX,
-                        flags & LM_WANT_REF, flags & LM_WANT_RANK, flags & LM_WANT_CAP, cap, thr,
-                        next, next_ref, st);
+        LM_SPECS(LM_CASE)
+    default: LM_FN(spec_any)(zz, rr, n, flags, cap, thr, next, next_ref, st);
     }
 #undef LM_CASE
 }
+#undef LM_SPEC
+#undef LM_SPECS
+#undef LM_SPEC_FN
 
 /* Element k of z as the lanes see it (lm_value_fn): loaded as the pass
  * loads it, capped by the same lane code (cap > 0), so that the rank's

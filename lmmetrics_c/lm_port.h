@@ -1,5 +1,6 @@
 /* Compiler portability: GCC, Clang (also clang-cl) and MSVC.
  *   LM_ALWAYS_INLINE        static, inlined even at -O0
+ *   LM_NOINLINE             static, never inlined
  *   LM_PREFETCH(a)          prefetch address a (a pointer or a uintptr_t) for
  *                           reading, non-temporal where the compiler has the hint
  *                           (the logits are read once: on Zen 4 one thread kept up
@@ -25,6 +26,16 @@
 #define LM_ALWAYS_INLINE static __forceinline
 #else
 #define LM_ALWAYS_INLINE static inline
+#endif
+
+/* static, never inlined: a function compiled (and its registers allocated)
+ * on its own */
+#if defined(__GNUC__) || defined(__clang__)
+#define LM_NOINLINE static __attribute__((noinline))
+#elif defined(LM_MSVC)
+#define LM_NOINLINE static __declspec(noinline)
+#else
+#define LM_NOINLINE static
 #endif
 
 #if defined(__x86_64__) || defined(__i386__) || defined(_M_X64) || defined(_M_IX86)
