@@ -283,6 +283,14 @@ static double lm_exact_logp(const lm_job *j, const lm_exact *e, const void *p, i
     return (v - e->m) - e->ls;
 }
 
+/* s + v into the Neumaier pair (s, c): c gathers what s's rounding lost
+ * (nothing once s is no longer finite); the sum is s + c */
+static inline void lm_compensated_add(double *s, double *c, double v) {
+    double t = *s + v;
+    if (isfinite(t)) *c += fabs(*s) >= fabs(v) ? (*s - t) + v : (v - t) + *s;
+    *s = t;
+}
+
 static int lm_row_exact(const lm_ctx *x, int64_t i) {
     const lm_job *j = x->job;
     const char *z = lm_row(x, &j->logits, i), *r = j->ref.base ? lm_row(x, &j->ref, i) : NULL;
@@ -311,12 +319,12 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
         /* term by term, over the entries whose reference probability is
          * above 0 in double (as a float64 reference computes it): such an
          * entry the model rules out makes KL inf */
-        double kl = 0.0;
+        double kl = 0.0, c = 0.0; /* compensated: a row of huge terms keeps 1e-13 */
         for (int64_t k = 0; k < j->n_cols; k++) {
             double lp = lm_exact_logp(j, &er, r, k), p = exp(lp);
-            if (p > 0.0) kl += p * (lp - lm_exact_logp(j, &ez, z, k));
+            if (p > 0.0) lm_compensated_add(&kl, &c, p * (lp - lm_exact_logp(j, &ez, z, k)));
         }
-        j->kl[i] = lm_nonneg(kl);
+        j->kl[i] = lm_nonneg(kl + c);
     }
     return LM_OK;
 }
@@ -384,11 +392,7 @@ static void lm_totals(const lm_job *j) {
     for (int64_t i = 0; i < j->n_rows; i++) {
         if (!lm_counted(j, i)) continue;
         k++;
-        if (j->nll) {
-            double v = j->nll[i], t = s + v;
-            if (isfinite(t)) c += fabs(s) >= fabs(v) ? (s - t) + v : (v - t) + s;
-            s = t;
-        }
+        if (j->nll) lm_compensated_add(&s, &c, j->nll[i]);
     }
     if (j->nll_sum) *j->nll_sum = s + c;
     if (j->n_counted) *j->n_counted = k;
