@@ -28,7 +28,7 @@ from .comparison import comparison_from_tokens, token_values
 from .convert import LN2, bits_per_unit
 from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
-from .ranking import Calibration
+from .ranking import Calibration, calibration_of
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -342,8 +342,7 @@ class _TokenOutputs:
                 self.pos_count = np.pad(self.pos_count, (0, size - self.pos_count.size))
             self.pos_nll[:size] += np.bincount(pos, weights=nll, minlength=size)
             self.pos_count[:size] += np.bincount(pos, minlength=size)
-            part = Calibration.from_arrays(np.exp(res.floats("top_logprob")[c]),
-                                           res.indices("argmax")[c] == tgt, bins=self.args.bins)
+            part = calibration_of(res, self.args.bins)
             self.calibration = part if self.calibration is None else self.calibration.add(part)
         if self.args.per_token:
             cols: Dict[str, npt.NDArray[Any]] = {"sequence": seq, "position": pos, "target": tgt, "nll": nll,

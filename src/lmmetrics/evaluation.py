@@ -24,7 +24,7 @@ from ._types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
 from .documents import DocumentSums, Documents
 from .metrics import units_of
-from .ranking import Calibration
+from .ranking import Calibration, calibration_of
 from .ranking import _check_bins
 
 
@@ -460,11 +460,7 @@ class Evaluator:
         doc_sums = None if docs is None else (self._docs.copy() if self._docs is not None else DocumentSums())
         self._add(st, res, table, ref, docs, doc_sums)
         ranks = None if self._ranks is None else self._ranks.plus(res)
-        cal = self._cal
-        if cal is not None:
-            c = res.counted
-            cal = cal.add(Calibration.from_arrays(np.exp(res.floats("top_logprob")[c]),
-                                                  res.indices("argmax")[c] == res.target_ids[c], cal.bins))
+        cal = None if self._cal is None else self._cal.add(calibration_of(res, self._cal.bins))
         self._state, self._docs, self._ranks, self._cal = st, doc_sums, ranks, cal
         return res
 

@@ -371,10 +371,16 @@ def calibration(logits: Any, targets: Any, bins: int = 15, *, ignore_index: Opti
     n = _check_bins(bins)
     res = _engine.run(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                       num_threads=num_threads, argmax=True, top_logprob=True)
+    return calibration_of(res, n)
+
+
+def calibration_of(res: _engine.RowResults, bins: int) -> Calibration:
+    """The bins of a pass's counted rows (the pass computed argmax and
+    top_logprob): the top token's probability against top-1 correctness."""
     counted = res.counted
     conf: F64Array = np.exp(res.floats("top_logprob")[counted])
     correct: BoolArray = res.indices("argmax")[counted] == res.target_ids[counted]
-    return Calibration.from_arrays(conf, correct, n)
+    return Calibration.from_arrays(conf, correct, bins)
 
 
 def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ignore_index: Optional[int] = -100,
