@@ -11,7 +11,8 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_SIMPLE, PyB
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
-from libc.string cimport strcmp
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset, strcmp
 
 cdef extern from "lm_kernel.h" nogil:
     cpdef enum lm_status:
@@ -205,12 +206,7 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
         job.nll_sum = &nll_sum if job.nll != NULL and job.targets != NULL else NULL
         job.n_counted = &n_counted if job.targets != NULL else NULL
         job.num_threads = num_threads
-        job.interrupted = NULL
-        job.interrupt_arg = <void *>raised
-        if PyThread_get_thread_ident() == _MAIN_THREAD:
-            job.interrupted = _signalled
-        with nogil:
-            status = lm_run(&job, &bad)
+        status = _execute(&job, &bad, raised)
     finally:
         for k in range(_N_ARRAYS):
             if held & (1 << k):
@@ -218,6 +214,96 @@ def run(*, int dtype, int64_t n_rows, int64_t n_cols, int64_t rows_inner, tuple 
     if raised:
         raise raised[0]
     return status, bad, nll_sum, n_counted
+
+
+cdef int _execute(lm_job *job, int64_t *bad, list raised) noexcept:
+    """lm_run with the GIL released; from the main thread, Python's signal
+    handlers run between chunks and what they raise goes to raised."""
+    cdef int status
+    job.interrupted = NULL
+    job.interrupt_arg = <void *>raised
+    if PyThread_get_thread_ident() == _MAIN_THREAD:
+        job.interrupted = _signalled
+    with nogil:
+        status = lm_run(job, bad)
+    return status
+
+
+# the buffer formats of the plain call's logits, by dtype code (native
+# byte order: numpy writes a prefix otherwise)
+cdef const char *_PLAIN_FORMATS[3]
+_PLAIN_FORMATS[:] = [b"f", b"d", b"e"]
+
+
+def nll_total(object logits, object targets, int64_t ignore_index, int num_threads):
+    """(NLL sum, rows counted) of the plain call, or None for any other:
+    logits a C-contiguous aligned float32 / float64 / float16 buffer of
+    native byte order with at least one row and one column, targets a
+    C-contiguous aligned native int64 buffer of the logits' shape without
+    the vocabulary axis. The job is the one ``run`` gets from the package's
+    description of such arrays (the same bits); the per-row NLL lives in a
+    scratch buffer. None too when the core reports a bad row or target: the
+    caller then takes the general path, which names it."""
+    cdef Py_buffer lv, tv
+    cdef lm_job job
+    cdef int64_t bad = -1, n_counted = 0, n_rows = 1
+    cdef double nll_sum = 0.0
+    cdef double *nll = NULL
+    cdef int status = -1, dtype = -1, k
+    cdef list raised = []
+    try:
+        PyObject_GetBuffer(logits, &lv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (BufferError, ValueError, TypeError):  # not C-contiguous, or no buffer
+        return None
+    try:
+        if lv.ndim < 1 or lv.format == NULL or (<uintptr_t>lv.buf) % lv.itemsize:
+            return None
+        for k in range(3):
+            if strcmp(lv.format, _PLAIN_FORMATS[k]) == 0:
+                dtype = k
+        if dtype < 0 or lv.shape[lv.ndim - 1] < 1:
+            return None
+        for k in range(lv.ndim - 1):
+            n_rows *= lv.shape[k]
+        if n_rows < 1:
+            return None
+        try:
+            PyObject_GetBuffer(targets, &tv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except (BufferError, ValueError, TypeError):
+            return None
+        try:
+            if (tv.ndim != lv.ndim - 1 or tv.itemsize != 8 or tv.format == NULL
+                    or (<uintptr_t>tv.buf) % 8
+                    or not (strcmp(tv.format, b"l") == 0 or strcmp(tv.format, b"q") == 0)):
+                return None
+            for k in range(tv.ndim):
+                if tv.shape[k] != lv.shape[k]:
+                    return None
+            nll = <double *>malloc(<size_t>n_rows * sizeof(double))
+            if nll == NULL:
+                return None
+            memset(&job, 0, sizeof(job))
+            job.dtype = dtype
+            job.n_rows = n_rows
+            job.n_cols = lv.shape[lv.ndim - 1]
+            job.rows_inner = n_rows
+            job.logits.base = lv.buf
+            job.logits.row_stride = job.n_cols if n_rows > 1 else 0
+            job.targets = <const int64_t *>tv.buf
+            job.ignore_index = ignore_index
+            job.nll = nll
+            job.nll_sum = &nll_sum
+            job.n_counted = &n_counted
+            job.num_threads = num_threads
+            status = _execute(&job, &bad, raised)
+        finally:
+            free(nll)
+            PyBuffer_Release(&tv)
+    finally:
+        PyBuffer_Release(&lv)
+    if raised:
+        raise raised[0]
+    return (nll_sum, n_counted) if status == LM_OK else None
 
 
 def address(obj):

@@ -10,7 +10,7 @@
 
 /* Below this many elements a call runs on one thread (an OpenMP fork costs
  * more than it saves); each further thread needs this much work too. */
-#define LM_MIN_WORK_PER_THREAD ((int64_t)1 << 15)
+#define LM_MIN_WORK_PER_THREAD ((int64_t)1 << 13)
 /* Work a thread does between two calls of job->interrupted: a few
  * milliseconds, so that Ctrl-C is acted on promptly. In elements of a
  * 16- or 32-bit buffer without softcap; lm_cost weighs the rest. */
@@ -155,9 +155,17 @@ typedef struct {
     lm_segment_fn fn;
     lm_value_fn value; /* the kernel's lane values (the rank's threshold) */
     int flags;
-    int64_t nseg;
+    int64_t seg, nseg; /* segment length (lm_segment_len), segments a row */
     size_t es;
 } lm_ctx;
+
+/* The segment length of a job's rows: LM_SEGMENT, or half the row of a
+ * one-row job of LM_SPLIT_MIN to 2 x LM_SEGMENT elements (rounded up to 8
+ * elements) */
+static int64_t lm_segment_len(int64_t n_rows, int64_t n_cols) {
+    if (n_rows != 1 || n_cols < LM_SPLIT_MIN || n_cols > 2 * LM_SEGMENT) return LM_SEGMENT;
+    return ((n_cols + 1) / 2 + 7) & ~(int64_t)7;
+}
 
 static const char *lm_row(const lm_ctx *x, const lm_buffer *b, int64_t i) {
     const lm_job *j = x->job;
@@ -182,8 +190,8 @@ static double lm_rank_threshold(const lm_ctx *x, int64_t i) {
 
 static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
     const lm_job *j = x->job;
-    const int64_t lo = s * LM_SEGMENT;
-    const int64_t n = j->n_cols - lo < LM_SEGMENT ? j->n_cols - lo : LM_SEGMENT;
+    const int64_t lo = s * x->seg;
+    const int64_t n = j->n_cols - lo < x->seg ? j->n_cols - lo : x->seg;
     const char *z = lm_row(x, &j->logits, i) + lo * (int64_t)x->es;
     const char *r = j->ref.base ? lm_row(x, &j->ref, i) + lo * (int64_t)x->es : NULL;
     const void *next = NULL, *next_ref = NULL; /* what to prefetch while the segment ends */
@@ -380,7 +388,7 @@ static int lm_whole_row(const lm_ctx *x, int64_t i) {
     lm_segment(x, i, 0, &acc);
     for (int64_t s = 1; s < x->nseg; s++) {
         lm_segment(x, i, s, &st);
-        lm_merge(&acc, &st, s * LM_SEGMENT);
+        lm_merge(&acc, &st, s * x->seg);
     }
     return lm_finish(x, i, &acc);
 }
@@ -467,7 +475,8 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     x.fn = lm_kernel_for(lm_isa_active(), j->dtype);
     x.value = lm_value_for(lm_isa_active(), j->dtype);
     x.es = lm_elsize(j->dtype);
-    x.nseg = (j->n_cols + LM_SEGMENT - 1) / LM_SEGMENT;
+    x.seg = lm_segment_len(n, j->n_cols);
+    x.nseg = (j->n_cols + x.seg - 1) / x.seg;
     /* entropy and argmax only when asked (KL alone skips them: 15-25% of
      * its work); the sums and the cross term are the same bits either way */
     x.flags = (j->entropy || j->argmax || j->ref_argmax ? LM_WANT_ENT | LM_WANT_AMAX : 0) |
@@ -488,7 +497,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     if (nt > 1 && n < nt && x.nseg > 1) {
         /* few long rows: split them into segments across threads */
         int64_t items = n * x.nseg;
-        lm_poll poll = {j, LM_CHECK_WORK / LM_SEGMENT / lm_cost(j, x.fn), 0, 0};
+        lm_poll poll = {j, LM_CHECK_WORK / x.seg / lm_cost(j, x.fn), 0, 0};
         lm_state *sts = (lm_state *)malloc((size_t)items * sizeof(lm_state));
         if (!sts) { free(status); return LM_ERR_NOMEM; }
 #ifdef _OPENMP
@@ -503,7 +512,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         for (int64_t i = 0; i < n && !err; i++) {
             lm_state *acc = &sts[i * x.nseg];
             if (!lm_counted(j, i)) { lm_skip(j, i); continue; }
-            for (int64_t s = 1; s < x.nseg; s++) lm_merge(acc, &sts[i * x.nseg + s], s * LM_SEGMENT);
+            for (int64_t s = 1; s < x.nseg; s++) lm_merge(acc, &sts[i * x.nseg + s], s * x.seg);
             status[i] = (unsigned char)lm_finish(&x, i, acc);
         }
         free(sts);

@@ -157,10 +157,11 @@ def torch_time(fn: Optional[Callable[[Any, Any], Any]], z: npt.NDArray[Any], tar
         return None
 
 
-def small_call(repeat: int) -> Tuple[float, Optional[float]]:
+def small_call(repeat: int) -> Tuple[float, Optional[float], Optional[float]]:
     """Per-call time of cross_entropy on one row of SMALL_VOCAB float32
-    logits, and of torch's F.cross_entropy (None without torch): the best
-    mean over `repeat` batches of 200 calls."""
+    logits, as numpy and as torch tensors, and of torch's F.cross_entropy
+    (both None without torch): the best mean over `repeat` batches of 200
+    calls."""
     z = make_logits(1, SMALL_VOCAB, "float32", seed=2)
     t = np.array([7], np.int64)
 
@@ -173,9 +174,10 @@ def small_call(repeat: int) -> Tuple[float, Optional[float]]:
     ours = per_call(lambda: cross_entropy(z, t))
     torch = _torch()
     if torch is None:
-        return ours, None
+        return ours, None, None
     zt, tt = torch.from_numpy(z), torch.from_numpy(t)
-    return ours, per_call(lambda: torch.nn.functional.cross_entropy(zt, tt))
+    return (ours, per_call(lambda: cross_entropy(zt, tt)),
+            per_call(lambda: torch.nn.functional.cross_entropy(zt, tt)))
 
 
 def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repeat: int,
@@ -255,9 +257,10 @@ def bench_cpu(tokens: int, vocab: int, dtypes: Sequence[str], threads: int, repe
         del z  # one dtype's buffers at a time
         if half:
             del model, reference
-    ours, theirs = small_call(repeat)
+    ours, ours_torch, theirs = small_call(repeat)
     print_fn("")
     print_fn(f"small call (1 x {SMALL_VOCAB} float32 cross_entropy): {ours * 1e6:.1f} us"
-             + (f", torch F.cross_entropy {theirs * 1e6:.1f} us ({ours / theirs:.2f}x torch)"
-                if theirs is not None else ""))
+             + (f", torch F.cross_entropy {theirs * 1e6:.1f} us ({ours / theirs:.2f}x torch); "
+                f"of torch tensors {ours_torch * 1e6:.1f} us ({ours_torch / theirs:.2f}x torch)"
+                if theirs is not None and ours_torch is not None else ""))
     return status

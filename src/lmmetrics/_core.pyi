@@ -41,6 +41,11 @@ def run(
     lm_status value as a plain int. outputs: (nll, entropy, argmax, kl,
     ref_argmax, ref_nll, rank, top_logprob), float64 / int64 arrays or None."""
 
+def nll_total(logits: object, targets: object, ignore_index: int, num_threads: int) -> Optional[Tuple[float, int]]:
+    """(NLL sum, rows counted) of a plain call (C-contiguous aligned native
+    float32 / float64 / float16 logits, int64 targets of their leading
+    shape), else None (and None where the core finds a bad row or target)."""
+
 def isa_supported(name: str) -> bool: ...
 def address(obj: object) -> int: ...
 def set_isa(name: str) -> None: ...

@@ -17,6 +17,15 @@ from ._errors import ROW_STATUSES, Status, row_error, target_error
 from ._inputs import Logits, as_logits, row_chunks
 from ._request import RowResults, fsum, outputs_of
 
+def nll_total(logits: np.ndarray[Any, Any], targets: np.ndarray[Any, Any], ignore: int,
+              threads: int) -> Optional[Tuple[float, int]]:
+    """(NLL sum, rows counted) of a plain call, checked and computed in the
+    compiled binding with no per-row output allocated (a one-row call's
+    fixed cost); None where the call is not plain or a row or target is bad
+    (``_core.nll_total`` says which calls are plain)."""
+    return _core.nll_total(logits, targets, ignore, threads)
+
+
 def compute(lg: Logits, ref: Optional[Logits], out: RowResults, cap: float, threads: int) -> None:
     """Fill out's arrays, its counted rows and its NLL sum (lg has rows)."""
     if ref is not None and ref.dtype != lg.dtype:

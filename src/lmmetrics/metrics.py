@@ -230,6 +230,11 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     0.916291
     """
     _check_reduction(reduction)
+    if reduction != "none":
+        plain = _engine.nll_total(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
+                                  num_threads=num_threads)
+        if plain is not None:
+            return plain[0] if reduction == "sum" else _mean(*plain)
     res = _nll(logits, targets, ignore_index, shift, softcap, num_threads)
     if reduction == "none":
         return _per_position(res.floats("nll"), res)
