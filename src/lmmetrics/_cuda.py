@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 import numpy as np
 
 from ._checks import check_positive_int
+from ._device import to_device
 from ._errors import Status, row_error
 from ._inputs import row_chunks
 from ._request import INDEX_OUTPUTS, OUTPUTS, RowResults
@@ -160,34 +161,45 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
     """Fill out's per-row arrays (numpy, on the host), its counted rows and
-    its NLL sum from the CUDA tensors: the Triton kernel where it applies,
-    else torch, each chunk's values into one buffer on the device, brought
-    to the host once when the pass ends."""
+    its NLL sum from the CUDA tensors: the pass launched (:func:`launch`),
+    its results brought to the host once (:func:`settle`), the rows it
+    could not certify done again by the exact path."""
+    res, tgt_all = launch(lg, ref, out, cap)
+    slow = settle(res, out, None, lg.lead_shape)
+    if slow.size:
+        exact_rows(slow, lg, ref, out, cap, tgt_all)
+    if out.targets is not None:
+        out.n_counted = int(np.count_nonzero(out.counted))
+    if out.nll is not None:
+        out.nll_sum = float(np.sum(out.nll))
+
+
+def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float
+           ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The pass over the CUDA tensors for the outputs out asks for, queued
+    on the device (nothing waits for it): the Triton kernel where it
+    applies, else torch, each chunk's per-row values and flags into one
+    buffer. Returns that buffer (N_RESULTS x rows, float64, on the device)
+    and the targets on the device (-1 where a row is not counted)."""
     global _triton_failed
     import torch
 
     dev = lg.keep.device
-    tgt_all = None if out.targets is None else torch.from_numpy(np.where(out.counted, out.targets, -1)).to(dev)
+    tgt_all = None if out.targets is None else to_device(np.where(out.counted, out.targets, -1), dev)
     res = torch.empty((N_RESULTS, lg.n_rows), dtype=torch.float64, device=dev)
     tri = _triton_for(lg, ref, out.rank is not None)
-    done = False
     if tri is not None:
         try:
             tri.compute(lg, ref, out, res, tgt_all, cap)
-            done = True
+            return res, tgt_all
         except tri.LaunchError as e:  # e.g. a GPU the installed triton cannot compile for
             if _force_triton:
                 raise
             _triton_failed = True
             warnings.warn(f"lmmetrics: the Triton kernel failed ({e.__cause__!r}); "
-                          f"using the torch path from now on", RuntimeWarning, stacklevel=3)
-    if not done:
-        _compute_torch(lg, ref, out, res, tgt_all, cap)
-    _finish(res, lg, ref, out, cap, tgt_all)
-    if out.targets is not None:
-        out.n_counted = int(np.count_nonzero(out.counted))
-    if out.nll is not None:
-        out.nll_sum = float(np.sum(out.nll))
+                          f"using the torch path from now on", RuntimeWarning, stacklevel=4)
+    _compute_torch(lg, ref, out, res, tgt_all, cap)
+    return res, tgt_all
 
 
 def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: torch.Tensor,
@@ -213,7 +225,7 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     log-probabilities (one fused log_softmax a side); a chunk where a
     counted row's value is not finite (NaN, an all -inf row, +inf logits,
     or a target at -inf) has its counted rows flagged F_REDO, done again
-    by the exact path after the pass (:func:`_finish`), which shares +inf
+    by the exact path after the pass (:func:`compute`), which shares +inf
     mass and names the bad row. The values certify a side's rows when one
     of them is that side's NLL, entropy or KL (a row's NaN or +inf reaches
     all of them); argmax alone certifies nothing and takes the exact path
@@ -408,23 +420,22 @@ def _check_rows(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], l
         raise row_error(status, i if rows is None else int(rows[i]), lead_shape)
 
 
-def _finish(res: torch.Tensor, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
-            tgt_all: Optional[torch.Tensor]) -> None:
-    """The pass's results to the host (one transfer), out's arrays filled
-    from them: raise for the first bad counted row, and do the rows the
-    pass could not certify (flagged, or a NaN the flags did not foresee)
-    again by the exact path."""
+def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...]) -> I64Array:
+    """The flags of res's rows and the outputs out asks for, to the host in
+    one transfer, into out's arrays at rows (flat row numbers; None: all
+    out's rows, in order). Raises for the first bad counted row; returns
+    the positions in res of the rows to do again by the exact path (flagged
+    so, or a NaN the flags did not foresee)."""
     flags, values = _fetch(res, out)
-    counted = out.counted
-    _check_rows(flags, counted, None, lg.lead_shape)
-    slow_rows = counted & ((flags & SLOW) != 0)
+    counted = out.counted if rows is None else np.ones(flags.size, bool)
+    _check_rows(flags, counted, rows, lead_shape)
+    slow = counted & ((flags & SLOW) != 0)
+    at = slice(None) if rows is None else rows
     for name, v in values.items():
-        getattr(out, name)[:] = v  # the integer outputs: exact float64 integers
+        getattr(out, name)[at] = v  # the integer outputs: exact float64 integers
         if name not in INDEX_OUTPUTS:
-            slow_rows |= counted & np.isnan(v)
-    slow = np.flatnonzero(slow_rows)
-    if slow.size:
-        exact_rows(slow, lg, ref, out, cap, tgt_all)
+            slow |= counted & np.isnan(v)
+    return np.flatnonzero(slow)
 
 
 def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
@@ -441,16 +452,13 @@ def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: Ro
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * 12))
     for a in range(0, idx.size, step):
         part = idx[a:a + step]
-        sel = torch.from_numpy(part).to(dev)
+        sel = to_device(part, dev)
         n = part.size
         res = torch.empty((N_RESULTS, n), dtype=torch.float64, device=dev)
         _chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel),
                      None if tgt_all is None else tgt_all[sel], torch.ones(n, dtype=torch.bool, device=dev), out,
                      res, cap)
-        flags, values = _fetch(res, out)
-        _check_rows(flags, np.ones(n, bool), part, lg.lead_shape)
-        for name, v in values.items():
-            getattr(out, name)[part] = v
+        settle(res, out, part, lg.lead_shape)  # (the exact path's values are final)
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
