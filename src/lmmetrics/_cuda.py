@@ -7,7 +7,7 @@ through one fused ``log_softmax`` into float32 (float64 stays float64) and
 is reduced to per-row values, written into one float64 buffer on the
 device allocated for the pass (:data:`N_RESULTS` values a row): no chunk
 waits for the device. The values asked for cross to the host once, when the
-pass ends (:func:`_fetch`), where the sums are taken in float64. A chunk
+pass ends (:func:`settle`), where the sums are taken in float64. A chunk
 where a counted row's value is not finite is done again, after that
 transfer, by the exact path (logsumexp per side). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
@@ -122,10 +122,10 @@ SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
 def _side(x: torch.Tensor, cap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Compute-dtype logits (capped) less their row max, and the logsumexp of
     those per row (shifted first: logsumexp of a row of -1e30 in float32
-    rounds the log of the sum away); rows holding +inf (their max: amax
-    propagates NaN) become 0 at the +inf entries and -inf elsewhere (equal
-    shares), on the device whether or not a row holds one (asking would wait
-    for the device)."""
+    rounds the log of the sum away); rows whose max is +inf (a row with a
+    NaN has a NaN max: amax propagates NaN) become 0 at the +inf entries and
+    -inf elsewhere (equal shares), by masks on the device whether or not a
+    row holds +inf (asking would wait for the device)."""
     import torch
 
     z = _capped(x, cap)
