@@ -152,7 +152,9 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
     """The CUDA chunks' results to the host in one transfer, into out (the
     first bad row raises); the rows the pass could not certify done again
     by the exact path, step rows at a time, as the CUDA pass of each chunk
-    would have done them."""
+    would have done them. Their logits are computed again (the chunks' are
+    gone), from a product of fewer rows: on a GPU the matmul may round
+    them a last bit differently, as a change of chunk_bytes would."""
     import torch
 
     from . import _cuda

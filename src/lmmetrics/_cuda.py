@@ -120,23 +120,24 @@ SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
 
 
 def _side(x: torch.Tensor, cap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compute-dtype logits (capped) less their row max, and the logsumexp of
+    """Compute-dtype logits (capped) less their row max, the logsumexp of
     those per row (shifted first: logsumexp of a row of -1e30 in float32
-    rounds the log of the sum away); rows whose max is +inf (a row with a
-    NaN has a NaN max: amax propagates NaN) become 0 at the +inf entries and
-    -inf elsewhere (equal shares), by masks on the device whether or not a
-    row holds +inf (asking would wait for the device)."""
+    rounds the log of the sum away), and the rows holding NaN and all -inf.
+    Rows holding +inf become 0 at the +inf entries and -inf elsewhere (equal
+    shares), by arithmetic on every row: asking which rows hold +inf would
+    wait for the device."""
     import torch
 
     z = _capped(x, cap)
     z = z if z.dtype in (torch.float32, torch.float64) else z.float()
-    m = z.amax(1, keepdim=True)
-    z = z - torch.where(torch.isfinite(m), m, 0.0)  # a new tensor: changed in place below
-    posinf = m == math.inf
-    z.masked_fill_(posinf & (z != math.inf), -math.inf)
-    z.masked_fill_(posinf & (z == math.inf), 0.0)
+    m = z.amax(1, keepdim=True)  # NaN where a row holds one (amax propagates NaN), else +inf where one holds +inf
+    nan = torch.isnan(m[:, 0])
+    # less the max, +inf too: then a row's +inf entries (inf - inf) are its
+    # only NaN, which become 0 (a NaN row's too: nan has said so already)
+    z = z - torch.where(torch.isnan(m) | (m == -math.inf), 0.0, m)
+    z.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
     lse = torch.logsumexp(z, 1)
-    return z, lse, torch.isnan(lse), lse == -math.inf
+    return z, lse, nan, lse == -math.inf
 
 
 # The Triton path (lmmetrics._triton): taken for CUDA tensors when triton
