@@ -198,3 +198,39 @@ def main_error(capsys, *args):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     return err
+
+
+class HostReads:
+    """Records each read of a tensor by the host while active (``with``): a
+    copy to the host (``.cpu()``; whatever way it goes, its values reach
+    Python through ``.numpy()`` or ``.tolist()``) and a value that waits for
+    the device (``.item()``, ``bool()``, ``int()``, ``float()``,
+    ``torch.nonzero``). On a CUDA device each one synchronises; on CPU
+    tensors routed through the CUDA path they are counted the same."""
+
+    _METHODS = ("cpu", "numpy", "tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        import torch
+
+        self.calls = []
+        self.active = False
+        for name in self._METHODS:
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(name, getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch, "nonzero", self._wrap("nonzero", torch.nonzero))
+
+    def _wrap(self, name, fn):
+        def recorded(*a, **kw):
+            if self.active:
+                self.calls.append(name)
+            return fn(*a, **kw)
+
+        return recorded
+
+    def __enter__(self):
+        self.calls.clear()
+        self.active = True
+        return self.calls
+
+    def __exit__(self, *exc):
+        self.active = False

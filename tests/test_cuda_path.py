@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _cuda, _engine, _inputs
-from helpers import ref_entropy, ref_kl, ref_nll
+from lmmetrics import _chunked, _cuda, _engine, _inputs, _request
+from helpers import HostReads, ref_entropy, ref_kl, ref_nll
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -23,8 +23,8 @@ HAS_CUDA = torch.cuda.is_available()
 def dev(request, monkeypatch):
     """A device whose tensors take the CUDA path (checked after the test)."""
     calls = []
-    compute = _cuda.compute
-    monkeypatch.setattr(_cuda, "compute", lambda *a: calls.append(1) or compute(*a))
+    launch = _cuda.launch  # (every pass, a lazy logits chunk's too)
+    monkeypatch.setattr(_cuda, "launch", lambda *a: calls.append(1) or launch(*a))
     if request.param == "routed-cpu":
         routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
         monkeypatch.setattr(_engine, "is_cuda", routed)
@@ -228,3 +228,123 @@ def test_lazy_logits_on_the_cuda_path(dev, small_chunks):
         assert (got[k] is None) if v is None else got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
     nll = lmmetrics.token_nll(lazy, t.to(dev))
     assert isinstance(nll, torch.Tensor) and nll.device.type == dev.type and nll.shape == (3, 11)
+
+
+def _recording_chunks(monkeypatch, module, events):
+    """module's row_chunks, each chunk it yields recorded in events."""
+    chunks = module.row_chunks
+
+    def recorded(*a):
+        for c in chunks(*a):
+            events.append("chunk")
+            yield c
+
+    monkeypatch.setattr(module, "row_chunks", recorded)
+
+
+_ASKS = [dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True),
+         dict(nll=True), dict(argmax=True), dict(rank=True, nll=True), dict(rank=True), dict(entropy=True, kl=True)]
+
+
+@pytest.mark.parametrize("ask", _ASKS, ids=lambda a: "+".join(a))
+def test_a_pass_reads_the_device_once_when_it_ends(dev, small_chunks, monkeypatch, ask):
+    """The torch path over many chunks: each chunk's values stay on the
+    device, and cross to the host in one transfer (.cpu(), .numpy()) once
+    every chunk is launched; nothing between chunks waits for the device.
+    The numbers: the native core's, on the fast path, the exact path (argmax
+    alone, the rank alone) and with ignored rows."""
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    z, r, t = _data(dev, shape=(6, 13))
+    zn, rn, tn = z.cpu().numpy(), r.cpu().numpy(), t.cpu().numpy()
+    ref = r if "kl" in ask else None
+    reads = HostReads(monkeypatch)
+    with reads as events:
+        _recording_chunks(monkeypatch, _cuda, events)
+        got = _engine.run(z, tn, ref, **ask)
+    assert events.count("chunk") > 2 and events == ["chunk"] * events.count("chunk") + ["cpu", "numpy"], events
+    want = _engine.run(zn, tn, None if ref is None else rn, **ask)
+    for name in _request.OUTPUTS:
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if name in _request.INDEX_OUTPUTS and a is not None:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        elif a is not None:
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=name)
+    assert got.n_counted == want.n_counted and got.nll_sum == pytest.approx(want.nll_sum, rel=1e-6)
+
+
+def test_uncertified_rows_are_done_again_after_the_one_transfer(dev, small_chunks, monkeypatch):
+    """A +inf row, a target at -inf and a NaN row: the chunks still go
+    without a wait, the pass's values come back once, and only then are the
+    chunks the fast path cannot certify done again by the exact path (a
+    transfer per batch of those rows); the numbers and the error are the
+    native core's."""
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    z, r, t = _data(dev, shape=(6, 13))
+    z[1, 3, 7] = math.inf
+    z[4, 2, 11] = -math.inf
+    t[4, 2] = 11
+    zn, rn, tn = z.cpu().numpy(), r.cpu().numpy(), t.cpu().numpy()
+    ask = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, rank=True, top_logprob=True)
+    reads = HostReads(monkeypatch)
+    with reads as events:
+        _recording_chunks(monkeypatch, _cuda, events)
+        got = _engine.run(z, tn, r, **ask)
+    n = events.count("chunk")
+    assert n > 2 and events[:n + 2] == ["chunk"] * n + ["cpu", "numpy"], events
+    assert events[n + 2:] and events[n + 2:] == ["cpu", "numpy"] * ((len(events) - n - 2) // 2), events
+    want = _engine.run(zn, tn, rn, **ask)
+    assert got.nll[4 * 13 + 2] == math.inf
+    for name in _request.OUTPUTS:
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=2e-6, atol=2e-6, err_msg=name)
+    z[5, 1, 0] = math.nan
+    z[5, 7, 0] = math.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 66 "):
+        _engine.run(z, tn, r, **ask)
+
+
+@pytest.mark.parametrize("triton_on", ["0", "1"])
+def test_lazy_logits_read_the_device_once(dev, monkeypatch, triton_on):
+    """projected() over many chunks of whole rows: each chunk's values stay on
+    the device, one transfer once every chunk is launched; a reference row
+    holding +inf and a target at -inf are done again by the exact path after
+    it (a transfer per batch of those rows). The numbers are those of the
+    materialized logits on the native core; a NaN names its row."""
+    monkeypatch.setenv("LMMETRICS_TRITON", triton_on)  # (Triton: on a GPU only; here the torch path)
+    g = torch.Generator().manual_seed(29)
+    V = 500  # whole rows a chunk (no vocabulary blocks)
+    h = torch.randn(4, 9, 16, generator=g)
+    w = torch.randn(V, 16, generator=g) * 0.5
+    b = torch.zeros(V)
+    b[7] = -math.inf
+    t = torch.randint(0, V, (4, 9), generator=g)
+    t[1, ::3] = -100
+    t[2, 5] = 7
+    r = (h @ w.T) * 1.1
+    r[3, 2, 9] = math.inf
+    ask = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True)
+    reads = HostReads(monkeypatch)
+    take = _chunked._take_rows
+    tn = t.numpy()
+    for ref in (None, r):
+        kw = dict(ask, kl=ref is not None, ref_nll=ref is not None)
+        lazy = lmmetrics.projected(h.to(dev), w.to(dev), b.to(dev), chunk_bytes=3 * V * 4)
+        rd = None if ref is None else ref.to(dev)
+        with reads as events:
+            monkeypatch.setattr(_chunked, "_take_rows", lambda *a: events.append("chunk") or take(*a))
+            got = _engine.run(lazy, tn, rd, **kw)
+        n = events.index("cpu")
+        assert n > 6 and events[:n + 2] == ["chunk"] * n + ["cpu", "numpy"], events
+        assert set(events[n + 2:]) <= {"chunk", "cpu", "numpy"} and events.count("numpy") == events.count("cpu")
+        want = _engine.run((h @ w.T + b).numpy(), t.numpy(), None if ref is None else ref.numpy(), **kw)
+        assert got.nll[2 * 9 + 5] == math.inf
+        for name in _request.OUTPUTS:
+            a, e = getattr(got, name), getattr(want, name)
+            assert (a is None) == (e is None), name
+            if a is not None:
+                np.testing.assert_allclose(a, e, rtol=2e-6, atol=2e-6, err_msg=name)
+        assert got.n_counted == want.n_counted and got.nll_sum == want.nll_sum
+    h[3, 4, 0] = math.nan
+    h[3, 6, 0] = math.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 31 "):
+        _engine.run(lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=3 * V * 4), t.to(dev), nll=True)

@@ -503,6 +503,58 @@ def group_rank_and_top_logprob():
     print("GROUP OK")
 
 
+def group_one_transfer():
+    """The kernel's launches over many groups of rows write into the pass's
+    buffer on the device; the values cross to the host once, after the last
+    launch (rows the kernel cannot certify: after that, by the exact path),
+    and are the core's."""
+    import torch
+
+    from helpers import HostReads
+    from lmmetrics import _engine, _triton
+
+    calls = _route()
+    z, r, t = _random((40,), 700, torch.float32, seed=31)
+    t[::6] = -100
+    tn = t.numpy()
+    old = lmmetrics.set_cuda_chunk_bytes(2 * 3 * _triton._NFIELDS * 4 * 3)  # 3 rows (3 tiles each) a group
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            reads = HostReads(mp)
+
+            def chunks(*a):
+                for c in _triton_row_chunks(*a):
+                    events.append("chunk")
+                    yield c
+
+            _triton_row_chunks = _triton.row_chunks
+            mp.setattr(_triton, "row_chunks", chunks)
+            kw = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True)
+            with reads as events:
+                got = _engine.run(z, tn, r, **kw)
+            n = events.count("chunk")
+            assert n > 10 and events == ["chunk"] * n + ["cpu", "numpy"], events
+            _compare(got, _engine.run(_np(z), tn, _np(r), **kw))
+            z[7, 3] = math.inf  # a row the exact path redoes, after the one transfer
+            with reads as events:
+                got = _engine.run(z, tn, r, **kw)
+            assert events == ["chunk"] * n + ["cpu", "numpy"] * 2, events
+            _compare(got, _engine.run(_np(z), tn, _np(r), **kw))
+    finally:
+        lmmetrics.set_cuda_chunk_bytes(old)
+    assert calls
+    print("GROUP OK")
+
+
+def _compare(got, want):
+    for k in KEYS + ("top_logprob",):
+        a, b = getattr(got, k), getattr(want, k)
+        if "argmax" in k:
+            np.testing.assert_array_equal(a, b, err_msg=k)
+        else:
+            np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL, err_msg=k)
+
+
 def group_bench_smoke():
     """The CUDA benchmark's code on tiny CPU tensors (interpreted): its table
     and its accuracy check; its timings mean nothing here."""
@@ -634,7 +686,7 @@ def group_compile_sm90():
 
 @pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
                                    "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
-                                   "group_rank_and_top_logprob"])
+                                   "group_rank_and_top_logprob", "group_one_transfer"])
 def test_interpreted(group):
     _in_subprocess(group)
 

@@ -14,6 +14,12 @@ the target's) the sum of the blocks' counts against the target's logit,
 which a first look at each row's target block gives (the block's own value
 where the target lies in it). Rows the blocks cannot certify (a block all -inf, +inf logits) are
 done again whole, one at a time. Ignored rows are never projected.
+
+On a CUDA device, chunks of whole rows go through the CUDA pass without
+waiting for it (:func:`lmmetrics._cuda.launch`); their per-row results stay
+on the device and come to the host in one transfer once every chunk is
+launched (:func:`_settle`). Vocabulary blocks are merged in numpy: each
+block's values come to the host (a transfer a block).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import _inputs
+from ._device import to_device
 from ._errors import RowError, Status, row_error
 from ._inputs import is_cuda, is_torch
 from ._lazy import DEFAULT_CHUNK_BYTES, Projected
@@ -90,31 +98,84 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
     if step < min(rows.size, _TILE_ROWS) and V > _MIN_BLOCK:  # tiles of rows x a vocabulary block
         step = max(1, min(rows.size, _TILE_ROWS, budget // (_MIN_BLOCK * per_col)))
         block = max(_MIN_BLOCK, budget // (step * per_col))
+    on_device: List[Tuple[I64Array, Any]] = []  # CUDA chunks: their rows and results, on the device
     for a in range(0, rows.size, step):
         sel = rows[a:a + step]
         t = None if out.targets is None else out.targets[sel]
         if block >= V:
-            _lazy_rows(run, logits, reference, sel, t, out, lg.lead_shape, cap, threads, want)
+            _lazy_rows(run, logits, reference, sel, t, out, lg.lead_shape, cap, threads, want, on_device)
         else:
             _lazy_tiles(run, logits, reference, sel, t, out, lg.lead_shape, block, cap, threads, want)
+    if on_device:
+        _settle(logits, reference, on_device, out, lg.lead_shape, cap, step)
     out.n_counted = int(rows.size)
     out.nll_sum = fsum(out.nll) if out.nll is not None else 0.0
     return out
 
 
 def _lazy_rows(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
-               lead: Tuple[int, ...], cap: float, threads: int, want: Dict[str, bool]) -> None:
-    """Rows sel, whole, through ``run``; their results into out."""
+               lead: Tuple[int, ...], cap: float, threads: int, want: Dict[str, bool],
+               on_device: Optional[List[Tuple[I64Array, Any]]] = None) -> None:
+    """Rows sel, whole, through ``run``; their results into out. CUDA
+    logits, given on_device, go through the CUDA pass without waiting for
+    the device: sel and the pass's results (on the device) join on_device,
+    for :func:`_settle` once every chunk is launched."""
     z = _take_rows(logits, sel, lead)
     r = None if reference is None else _take_rows(reference, sel, lead)
+    if on_device is not None and (_inputs.is_cuda(z) or _inputs.is_cuda(r)):
+        from . import _cuda
+
+        c_lg = _cuda.describe(z)
+        c_ref = None if r is None else _cuda.describe(r, "reference_logits")
+        part = allocate(c_lg, c_ref, t, -1, check_range=False, **want)  # (its arrays stay unfilled)
+        on_device.append((sel, _cuda.launch(c_lg, c_ref, part, cap)[0]))
+        return
+    _into(out, sel, lead, lambda: run(z, t, r, ignore_index=-1, softcap=cap or None, num_threads=threads or None,
+                                      **want))
+
+
+def _into(out: RowResults, sel: I64Array, lead: Tuple[int, ...], results: Callable[[], RowResults]) -> None:
+    """results() (of rows sel, in order) into out; a bad row it names is
+    named as the input's row."""
     try:
-        part = run(z, t, r, ignore_index=-1, softcap=cap or None, num_threads=threads or None, **want)
+        part = results()
     except RowError as e:  # the row in the input, not in the chunk
         raise row_error(e.status, int(sel[e.row]), lead) from None
     for name in OUTPUTS:
         arr = getattr(out, name)
         if arr is not None:
             arr[sel] = getattr(part, name)
+
+
+def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], out: RowResults,
+            lead: Tuple[int, ...], cap: float, step: int) -> None:
+    """The CUDA chunks' results to the host in one transfer, into out (the
+    first bad row raises); the rows the pass could not certify done again
+    by the exact path, step rows at a time, as the CUDA pass of each chunk
+    would have done them. Their logits are computed again (the chunks' are
+    gone), from a product of fewer rows: on a GPU the matmul may round
+    them a last bit differently, as a change of chunk_bytes would."""
+    import torch
+
+    from . import _cuda
+
+    rows = np.concatenate([sel for sel, _ in on_device])
+    res = torch.cat([part for _, part in on_device], 1)
+    on_device.clear()
+    slow = rows[_cuda.settle(res, out, rows, lead)]
+
+    def exact(sel: I64Array) -> RowResults:
+        n = sel.size
+        lg = _cuda.describe(_take_rows(logits, sel, lead))
+        ref = None if reference is None else _cuda.describe(_take_rows(reference, sel, lead), "reference_logits")
+        t = None if out.targets is None else out.targets[sel]
+        part = out.derived((n,), t, lambda v: np.empty(n, v.dtype))
+        _cuda.exact_rows(np.arange(n), lg, ref, part, cap, None if t is None else to_device(t, lg.keep.device))
+        return part
+
+    for a in range(0, slow.size, step):
+        sel = slow[a:a + step]
+        _into(out, sel, lead, lambda: exact(sel))
 
 
 def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
@@ -309,10 +370,8 @@ def _take_rows(x: Any, rows: I64Array, lead_shape: Tuple[int, ...], cols: Option
         return np.tanh(tile / cap) * cap if isinstance(tile, np.ndarray) else (tile.float() / cap).tanh() * cap
     index = np.unravel_index(rows, lead_shape) if lead_shape else (np.zeros_like(rows),)
     if is_torch(x):
-        import torch
-
         x = x.detach()
         if not lead_shape:
             x = x[None]
-        return x[tuple(torch.from_numpy(np.ascontiguousarray(k)).to(x.device) for k in index)]
+        return x[tuple(to_device(k, x.device) for k in index)]
     return np.asarray(x)[index] if lead_shape else np.asarray(x)[None][index]

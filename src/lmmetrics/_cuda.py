@@ -4,9 +4,12 @@ torch on the tensor's device, a bounded chunk of rows at a time.
 :func:`lmmetrics._engine.run` validates and allocates as for CPU input, then
 calls :func:`compute` here instead of the native core. Each chunk goes
 through one fused ``log_softmax`` into float32 (float64 stays float64) and
-is reduced to per-row values; only those (8 bytes a row) come back to the
-host, where sums are taken in float64. A chunk where a counted row's value
-is not finite is done again by the exact path (logsumexp per side). The
+is reduced to per-row values, written into one float64 buffer on the
+device allocated for the pass (:data:`N_RESULTS` values a row): no chunk
+waits for the device. The values asked for cross to the host once, when the
+pass ends (:func:`settle`), where the sums are taken in float64. A chunk
+where a counted row's value is not finite is done again, after that
+transfer, by the exact path (logsumexp per side). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
 the rank counts the logits above the target's (compared as torch holds them:
 the logits' own dtype, or the capped values in float32 / float64 with a
@@ -33,10 +36,11 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 import numpy as np
 
 from ._checks import check_positive_int
+from ._device import to_device
 from ._errors import Status, row_error
 from ._inputs import row_chunks
 from ._request import INDEX_OUTPUTS, OUTPUTS, RowResults
-from ._types import I64Array
+from ._types import BoolArray, F64Array, I64Array
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +51,7 @@ _chunk_bytes = _DEFAULT_CHUNK_BYTES
 # float32 temporaries of one row's length that one chunk row may hold at
 # once on the fast path: log-probabilities (NLL); with p and p log p
 # (entropy); both sides' (KL); on top, a 16-bit side's float copy, and a
-# softcap's float copy and tanh. Few chunks matter: each costs a round
-# trip to the host.
+# softcap's float copy and tanh.
 _TEMPS_NLL = 1
 _TEMPS_ROW = 5
 _TEMPS_REF = 9
@@ -101,24 +104,39 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
     return CudaLogits(x.detach(), dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
 
 
+# The per-row results of a pass, on the device: one float64 buffer of
+# (N_RESULTS, rows), allocated once a pass; row RES_FLAGS holds a row's
+# flags, rows 1.. the outputs in OUTPUTS' order (the integer ones as exact
+# float64 integers). The Triton kernel writes the same layout.
+RES_FLAGS = 0
+N_RESULTS = 1 + len(OUTPUTS)
+# flag bits: a counted row with F_NAN, F_EMPTY, F_NAN_REF or F_EMPTY_REF is
+# an error (the first one raises, checked in that order); one with F_INF,
+# F_INF_REF, F_CROSS (the Triton kernel's) or F_REDO (a torch chunk the fast
+# path cannot certify) is done again by the exact path
+F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF, F_REDO = 1, 2, 4, 8, 16, 32, 64, 128
+ERRORS = F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF
+SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
+
+
 def _side(x: torch.Tensor, cap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compute-dtype logits (capped) less their row max, and the logsumexp of
+    """Compute-dtype logits (capped) less their row max, the logsumexp of
     those per row (shifted first: logsumexp of a row of -1e30 in float32
-    rounds the log of the sum away); rows holding +inf become 0 at the +inf
-    entries and -inf elsewhere (equal shares)."""
+    rounds the log of the sum away), and the rows holding NaN and all -inf.
+    Rows holding +inf become 0 at the +inf entries and -inf elsewhere (equal
+    shares), by arithmetic on every row: asking which rows hold +inf would
+    wait for the device."""
     import torch
 
     z = _capped(x, cap)
     z = z if z.dtype in (torch.float32, torch.float64) else z.float()
-    m = z.amax(1, keepdim=True)
-    z = z - torch.where(torch.isfinite(m), m, 0.0)
+    m = z.amax(1, keepdim=True)  # NaN where a row holds one (amax propagates NaN), else +inf where one holds +inf
+    nan = torch.isnan(m[:, 0])
+    # less the max, +inf too: then a row's +inf entries (inf - inf) are its
+    # only NaN, which become 0 (a NaN row's too: nan has said so already)
+    z = z - torch.where(torch.isnan(m) | (m == -math.inf), 0.0, m)
+    z.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
     lse = torch.logsumexp(z, 1)
-    nan = torch.isnan(lse)
-    posinf = lse == math.inf
-    if bool(posinf.any()):
-        nan = nan | (posinf & torch.isnan(z).any(1))
-        z = torch.where(posinf[:, None], torch.where(z == math.inf, 0.0, -math.inf).to(z.dtype), z)
-        lse = torch.logsumexp(z, 1)
     return z, lse, nan, lse == -math.inf
 
 
@@ -144,62 +162,80 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
     """Fill out's per-row arrays (numpy, on the host), its counted rows and
-    its NLL sum from the CUDA tensors: the Triton kernel where it applies,
-    else torch."""
-    global _triton_failed
-    tri = _triton_for(lg, ref, out.rank is not None)
-    done = False
-    if tri is not None:
-        try:
-            tri.compute(lg, ref, out, ignore_index, cap)
-            done = True
-        except tri.LaunchError as e:  # e.g. a GPU the installed triton cannot compile for
-            if _force_triton:
-                raise
-            _triton_failed = True
-            warnings.warn(f"lmmetrics: the Triton kernel failed ({e.__cause__!r}); "
-                          f"using the torch path from now on", RuntimeWarning, stacklevel=3)
-    if not done:
-        _compute_torch(lg, ref, out, ignore_index, cap)
+    its NLL sum from the CUDA tensors: the pass launched (:func:`launch`),
+    its results brought to the host once (:func:`settle`), the rows it
+    could not certify done again by the exact path."""
+    res, tgt_all = launch(lg, ref, out, cap)
+    slow = settle(res, out, None, lg.lead_shape)
+    if slow.size:
+        exact_rows(slow, lg, ref, out, cap, tgt_all)
     if out.targets is not None:
         out.n_counted = int(np.count_nonzero(out.counted))
     if out.nll is not None:
         out.nll_sum = float(np.sum(out.nll))
 
 
-def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int,
-                   cap: float) -> None:
+def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float
+           ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The pass over the CUDA tensors for the outputs out asks for, queued
+    on the device (nothing waits for it): the Triton kernel where it
+    applies, else torch, each chunk's per-row values and flags into one
+    buffer. Returns that buffer (N_RESULTS x rows, float64, on the device)
+    and the targets on the device (-1 where a row is not counted)."""
+    global _triton_failed
     import torch
 
     dev = lg.keep.device
+    tgt_all = None if out.targets is None else to_device(np.where(out.counted, out.targets, -1), dev)
+    res = torch.empty((N_RESULTS, lg.n_rows), dtype=torch.float64, device=dev)
+    tri = _triton_for(lg, ref, out.rank is not None)
+    if tri is not None:
+        try:
+            tri.compute(lg, ref, out, res, tgt_all, cap)
+            return res, tgt_all
+        except tri.LaunchError as e:  # e.g. a GPU the installed triton cannot compile for
+            if _force_triton:
+                raise
+            _triton_failed = True
+            warnings.warn(f"lmmetrics: the Triton kernel failed ({e.__cause__!r}); "
+                          f"using the torch path from now on", RuntimeWarning, stacklevel=4)
+    _compute_torch(lg, ref, out, res, tgt_all, cap)
+    return res, tgt_all
+
+
+def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: torch.Tensor,
+                   tgt_all: Optional[torch.Tensor], cap: float) -> None:
+    """The torch path's chunks, their values into res (nothing waits for
+    the device)."""
+    import torch
+
     temps = (_TEMPS_REF if ref is not None else
              _TEMPS_ROW if out.entropy is not None or out.argmax is not None or out.rank is not None
              else _TEMPS_NLL)
     temps += sum(_TEMPS_CAST for x in (lg, ref) if x is not None and x.dtype in ("float16", "bfloat16"))
     temps += _TEMPS_CAP if cap else 0
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
-    tgt_all = torch.from_numpy(out.targets).to(dev) if out.targets is not None else None
-    counted_all = torch.from_numpy(out.counted).to(dev)
+    counted_all = torch.ones(lg.n_rows, dtype=torch.bool, device=lg.keep.device) if tgt_all is None else tgt_all >= 0
     for rows, zc, rc in row_chunks(lg.keep, None if ref is None else ref.keep, step):
-        _chunk(zc, rc, None if tgt_all is None else tgt_all[rows], counted_all[rows], out, rows.start, rows.stop,
-               cap, lg.lead_shape)
+        _chunk(zc, rc, None if tgt_all is None else tgt_all[rows], counted_all[rows], out, res[:, rows], cap)
 
 
 def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tensor], counted: torch.Tensor,
-           out: RowResults, i0: int, i1: int, cap: float, lead_shape: Tuple[int, ...]) -> None:
-    """One chunk of rows: the fast path from log-probabilities (one fused
-    log_softmax a side); a chunk where a counted row's value is not finite
-    (NaN, an all -inf row, +inf logits, or a target at -inf) is done again
-    by the exact path, which shares +inf mass and names the bad row. The
-    values certify a side's rows when one of them is that side's NLL,
-    entropy or KL (a row's NaN or +inf reaches all of them); argmax alone
-    certifies nothing and takes the exact path (nor does the rank; the top
-    log-probability certifies like the NLL)."""
+           out: RowResults, res: torch.Tensor, cap: float) -> None:
+    """One chunk of rows into res (its columns): the fast path from
+    log-probabilities (one fused log_softmax a side); a chunk where a
+    counted row's value is not finite (NaN, an all -inf row, +inf logits,
+    or a target at -inf) has its counted rows flagged F_REDO, done again
+    by the exact path after the pass (:func:`compute`), which shares +inf
+    mass and names the bad row. The values certify a side's rows when one
+    of them is that side's NLL, entropy or KL (a row's NaN or +inf reaches
+    all of them); argmax alone certifies nothing and takes the exact path
+    (nor does the rank; the top log-probability certifies like the NLL)."""
     import torch
 
     if not ((out.nll is not None or out.entropy is not None or out.top_logprob is not None)
             and (r is None or out.ref_nll is not None or out.kl is not None)):
-        _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
+        _chunk_exact(x, r, tgt, counted, out, res, cap)
         return
     safe = _safe_targets(tgt, counted)
     z = _capped(x, cap)
@@ -227,13 +263,24 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
             vals["ref_argmax"] = torch.argmax(rz, 1)
         del rz, rlogp
     del logp
-    host = {k: v.cpu().numpy() for k, v in vals.items()}
-    cnt = out.counted[i0:i1]
-    if all(np.isfinite(v[cnt]).all() for k, v in host.items() if k not in INDEX_OUTPUTS):
-        for k, v in host.items():
-            getattr(out, k)[i0:i1] = np.where(cnt, v, -1 if k in INDEX_OUTPUTS else 0.0)
-        return
-    _chunk_exact(x, r, tgt, counted, out, i0, i1, cap, lead_shape)
+    certified = counted
+    for k, v in vals.items():
+        _put(res, counted, k, v)
+        if k not in INDEX_OUTPUTS:
+            certified = certified & torch.isfinite(v)
+    # the whole chunk again when one of its counted rows is not certified:
+    # a 0-dim tensor on the device, read by no one until the pass ends
+    redo = (counted & ~certified).any()
+    res[RES_FLAGS] = torch.where(counted & redo, float(F_REDO), 0.0)
+
+
+def _put(res: torch.Tensor, counted: torch.Tensor, name: str, values: torch.Tensor) -> None:
+    """The output name of a chunk's rows into its row of res: values where a
+    row is counted, else 0 (-1 for the integer outputs)."""
+    import torch
+
+    fill = -1.0 if name in INDEX_OUTPUTS else 0.0
+    res[1 + OUTPUTS.index(name)] = torch.where(counted, values.double(), fill)
 
 
 def _rank(z: torch.Tensor, safe: torch.Tensor) -> torch.Tensor:
@@ -310,54 +357,94 @@ def _capped(x: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 def _chunk_exact(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tensor], counted: torch.Tensor,
-                 out: RowResults, i0: int, i1: int, cap: float, lead_shape: Tuple[int, ...]) -> None:
+                 out: RowResults, res: torch.Tensor, cap: float) -> None:
+    """One chunk by the exact path into res (its columns): the outputs out
+    asks for, and the flags of the counted rows that are errors (NaN, all
+    -inf), which :func:`_check_rows` raises for once the flags are on the
+    host."""
     import torch
 
     z, lse, nan, empty = _side(x, cap)
-    bad = (nan | empty) & counted
+    flags = torch.where(nan, F_NAN, 0) | torch.where(empty, F_EMPTY, 0)
     if r is not None:
         rz, rlse, rnan, rempty = _side(r, cap)
-        bad = bad | ((rnan | rempty) & counted)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0, 0])
-        status = (Status.LM_ERR_NAN if nan[i] else Status.LM_ERR_EMPTY if empty[i]
-                  else Status.LM_ERR_NAN_REF if rnan[i] else Status.LM_ERR_EMPTY_REF)
-        raise row_error(status, i0 + i, lead_shape)
+        flags = flags | torch.where(rnan, F_NAN_REF, 0) | torch.where(rempty, F_EMPTY_REF, 0)
+    res[RES_FLAGS] = torch.where(counted, flags, 0).double()
 
-    def put(name: str, values: torch.Tensor, fill: float) -> None:
-        arr = getattr(out, name)
-        if arr is not None:
-            arr[i0:i1] = torch.where(counted, values, fill).cpu().numpy()
+    def put(name: str, values: torch.Tensor) -> None:
+        if getattr(out, name) is not None:
+            _put(res, counted, name, values)
 
     safe = _safe_targets(tgt, counted)
     if out.nll is not None:
-        put("nll", (lse - z.gather(1, _need(safe))[:, 0]).double(), 0.0)
+        put("nll", (lse - z.gather(1, _need(safe))[:, 0]).double())
     logp = None
     if out.entropy is not None or out.kl is not None:
         logp = z - lse[:, None]
         if out.entropy is not None:
-            put("entropy", _entropy(logp), 0.0)
+            put("entropy", _entropy(logp))
     if out.argmax is not None:
-        put("argmax", torch.argmax(z, 1), -1)
+        put("argmax", torch.argmax(z, 1))
     if out.rank is not None:  # on the capped logits, not z less its max (which may round ties in)
-        put("rank", _rank(_capped(x, cap), _need(safe)), -1)
+        put("rank", _rank(_capped(x, cap), _need(safe)))
     if out.top_logprob is not None:
-        put("top_logprob", (z.amax(1) - lse).double(), 0.0)
+        put("top_logprob", (z.amax(1) - lse).double())
     if r is None:
         return
     if out.ref_nll is not None:
-        put("ref_nll", (rlse - rz.gather(1, _need(safe))[:, 0]).double(), 0.0)
+        put("ref_nll", (rlse - rz.gather(1, _need(safe))[:, 0]).double())
     if out.ref_argmax is not None:
-        put("ref_argmax", torch.argmax(rz, 1), -1)
+        put("ref_argmax", torch.argmax(rz, 1))
     if out.kl is not None:
-        put("kl", _kl(rz - rlse[:, None], _need(logp)), 0.0)
+        put("kl", _kl(rz - rlse[:, None], _need(logp)))
+
+
+def _fetch(res: torch.Tensor, out: RowResults) -> Tuple[I64Array, Dict[str, F64Array]]:
+    """The flags of res's rows and the outputs out asks for, in one transfer
+    to the host (the only one of a pass whose rows the fast paths certify)."""
+    import torch
+
+    names = [name for name in OUTPUTS if getattr(out, name) is not None]
+    host = torch.stack([res[RES_FLAGS]] + [res[1 + OUTPUTS.index(name)] for name in names]).cpu().numpy()
+    return host[0].astype(np.int64), dict(zip(names, host[1:]))
+
+
+def _check_rows(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...]) -> None:
+    """Raise the native core's error for the first counted row flagged bad
+    (rows: the flat row numbers of the flags' rows; None: their positions)."""
+    bad = counted & ((flags & ERRORS) != 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        f = flags[i]
+        status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
+                  else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
+        raise row_error(status, i if rows is None else int(rows[i]), lead_shape)
+
+
+def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...]) -> I64Array:
+    """The flags of res's rows and the outputs out asks for, to the host in
+    one transfer, into out's arrays at rows (flat row numbers; None: all
+    out's rows, in order). Raises for the first bad counted row; returns
+    the positions in res of the rows to do again by the exact path (flagged
+    so, or a NaN the flags did not foresee)."""
+    flags, values = _fetch(res, out)
+    counted = out.counted if rows is None else np.ones(flags.size, bool)
+    _check_rows(flags, counted, rows, lead_shape)
+    slow = counted & ((flags & SLOW) != 0)
+    at = slice(None) if rows is None else rows
+    for name, v in values.items():
+        getattr(out, name)[at] = v  # the integer outputs: exact float64 integers
+        if name not in INDEX_OUTPUTS:
+            slow |= counted & np.isnan(v)
+    return np.flatnonzero(slow)
 
 
 def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
                tgt_all: Optional[torch.Tensor]) -> None:
     """The counted rows idx (flat row numbers) of out again by the exact path,
-    a bounded number of rows at a time (the Triton kernel's rows it cannot
-    certify: +inf, KL cross terms beyond float)."""
+    a bounded number of rows at a time, each batch's values to the host in
+    one transfer (the rows the fast paths cannot certify: +inf, KL cross
+    terms beyond float, a torch chunk with such a row)."""
     import torch
 
     dev = lg.keep.device
@@ -366,18 +453,13 @@ def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: Ro
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * 12))
     for a in range(0, idx.size, step):
         part = idx[a:a + step]
-        sel = torch.from_numpy(part).to(dev)
+        sel = to_device(part, dev)
         n = part.size
-        # those rows' results: out's settings, arrays of n rows where out has them
-        sub = out.derived((n,), None if out.targets is None else out.targets[part], lambda a: np.empty(n, a.dtype))
-        tgt = None if tgt_all is None else tgt_all[sel]
-        _chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel), tgt,
-                           torch.ones(part.size, dtype=torch.bool, device=dev), sub, 0, part.size,
-                           cap, lg.lead_shape)
-        for k in OUTPUTS:
-            rows = getattr(sub, k)
-            if rows is not None:
-                getattr(out, k)[part] = rows
+        res = torch.empty((N_RESULTS, n), dtype=torch.float64, device=dev)
+        _chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel),
+                     None if tgt_all is None else tgt_all[sel], torch.ones(n, dtype=torch.bool, device=dev), out,
+                     res, cap)
+        settle(res, out, part, lg.lead_shape)  # (the exact path's values are final)
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 import numpy as np
 
 from ._checks import check_positive_int, check_softcap
+from ._device import to_device
 
 if TYPE_CHECKING:
     import torch
@@ -150,11 +151,10 @@ class Projected:
             import torch
 
             if len(lead) <= 1:
-                sel = torch.from_numpy(np.ascontiguousarray(index)).to(self.hidden.device)
+                sel = to_device(index, self.hidden.device)
                 h = self.hidden.reshape(-1, self.hidden.shape[-1]).index_select(0, sel)
             else:
-                h = self.hidden[tuple(torch.from_numpy(np.ascontiguousarray(k)).to(self.hidden.device)
-                                      for k in np.unravel_index(index, lead))]
+                h = self.hidden[tuple(to_device(k, self.hidden.device) for k in np.unravel_index(index, lead))]
             z = torch.nn.functional.linear(h, w, b)
             if self.scale != 1.0:
                 z.mul_(self.scale)

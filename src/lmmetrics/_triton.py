@@ -19,8 +19,10 @@ Ignored rows (target negative or ``ignore_index``) are not read. Rows that
 hold +inf, or whose KL cross term is beyond float range (the model masks
 where the reference does not), are done again by the exact torch path of
 :mod:`lmmetrics._cuda`; NaN and all -inf rows among the counted ones raise
-the native core's errors, naming the first bad row. The per-row values come
-to the host once per call (one synchronisation). float64 logits keep the
+the native core's errors, naming the first bad row. The per-row values go
+into the pass's buffer on the device (:data:`lmmetrics._cuda.N_RESULTS`
+values a row), which :mod:`lmmetrics._cuda` brings to the host once when the
+pass ends: no launch waits for the device. float64 logits keep the
 torch path, and so does a request for the rank (the logits above the
 target's: :func:`usable` says no; the top token's log-probability, -log S
 against the row's max, comes from the merge).
@@ -36,11 +38,9 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from ._cuda import CudaLogits, chunk_bytes, exact_rows
-from ._errors import Status, row_error
+from ._cuda import N_RESULTS, CudaLogits, chunk_bytes
 from ._inputs import row_chunks
-from ._request import INDEX_OUTPUTS, OUTPUTS, RowResults
-from ._types import F64Array
+from ._request import RowResults
 
 if TYPE_CHECKING:
     import torch
@@ -59,16 +59,16 @@ _MAX_TILES = 4096
 # come back in one transfer).
 _STATE_BYTES = 64 * 2**20
 _NFIELDS = 9  # m, s, t, am, flags, rm, rs, c, ram
-# flag bits (per tile, then per row)
-F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF = 1, 2, 4, 8, 16, 32, 64
-_SLOW = F_INF | F_INF_REF | F_CROSS
+# flag bits (per tile, then per row): lmmetrics._cuda's F_NAN, F_INF,
+# F_NAN_REF, F_INF_REF, F_CROSS (the tiles' 5), F_EMPTY, F_EMPTY_REF
 # KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
 _CROSS_BIG = 1e20
-# output rows of the (9, N) float64 result
+# output rows of the (9, N) float64 result, lmmetrics._cuda's layout
 # (the outputs in lmmetrics._request.OUTPUTS' order, after the flags; the
 # rank's row is never written: requests with it keep the torch path)
 _O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_RANK, _O_TOP = (tl.constexpr(k) for k in range(9))
-_N_RESULTS = 9
+_N_RESULTS = N_RESULTS
+assert _N_RESULTS == 9
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -336,21 +336,17 @@ def usable(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool = False) -> boo
     return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in sides)
 
 
-def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
-    """Fill out's per-row arrays (numpy, on the host) from the tensors."""
+def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: torch.Tensor,
+            tgt_all: Optional[torch.Tensor], cap: float) -> None:
+    """The kernels' per-row values and flags into res, on the device (the
+    targets tgt_all: -1 where a row is not counted); nothing waits for the
+    device."""
     import torch
 
     dev = lg.keep.device
     n = lg.n_rows
-    V = lg.n_cols
     tile = _tile
-    n_tiles = (V + tile - 1) // tile
-    targets = out.targets
-    tgt_all = None if targets is None else torch.from_numpy(np.where(out.counted, targets, -1)).to(dev)
-    want_ent = out.entropy is not None
-    want_amax = out.argmax is not None
-    has_ref = ref is not None
-    res = torch.empty((_N_RESULTS, n), dtype=torch.float64, device=dev)
+    n_tiles = (lg.n_cols + tile - 1) // tile
     group = max(1, min(_STATE_BYTES, chunk_bytes() // 2) // (n_tiles * _NFIELDS * 4))
     states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
     try:
@@ -358,11 +354,10 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
         # the interpreter's numpy sees -inf - -inf in masked lanes
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext(), \
                 np.errstate(all="ignore"):
-            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, has_ref, want_ent, want_amax, cap)
+            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, ref is not None, out.entropy is not None,
+                    out.argmax is not None, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
-    host = res.cpu().numpy()  # the one synchronisation
-    _finish(host, lg, ref, out, cap, tgt_all)
 
 
 def _launch(lg: CudaLogits, ref: Optional[CudaLogits], tgt_all: Optional[torch.Tensor], res: torch.Tensor,
@@ -391,29 +386,3 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], tgt_all: Optional[torch.T
             st, z, r, tg, res, rows, span.start, n, n_tiles, z.stride(0), r.stride(0),
             capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=tgt_all is not None,
             HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
-
-
-def _finish(host: F64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
-            tgt_all: Optional[torch.Tensor]) -> None:
-    """Raise for the first bad counted row, take the per-row values, and do
-    the rows the pass cannot certify (+inf, KL cross terms beyond float)
-    again by the exact torch path."""
-    counted = out.counted
-    flags = host[_O_FLAGS.value].astype(np.int64)
-    bad = counted & ((flags & (F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF)) != 0)
-    if bad.any():
-        i = int(np.argmax(bad))
-        f = flags[i]
-        status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
-                  else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
-        raise row_error(status, i, lg.lead_shape)
-    slow_rows = counted & ((flags & _SLOW) != 0)
-    for k, name in enumerate(OUTPUTS, 1):  # the result's rows 1.. in OUTPUTS' order
-        arr = getattr(out, name)
-        if arr is not None:
-            arr[:] = host[k]  # argmax: exact float64 integers
-            if name not in INDEX_OUTPUTS:  # a NaN the flags did not foresee: the exact path decides
-                slow_rows |= counted & np.isnan(arr)
-    slow = np.nonzero(slow_rows)[0]
-    if slow.size:
-        exact_rows(slow, lg, ref, out, cap, tgt_all)
