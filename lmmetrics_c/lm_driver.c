@@ -111,7 +111,7 @@ static const lm_unit *lm_unit_for(int isa) {
 }
 
 /* the kernel for dtype on isa: the portable unit's where the ISA has none
- * (NEON's float64) */
+ * (every SIMD unit has all four dtypes today) */
 static lm_segment_fn lm_kernel_for(int isa, int dtype) {
     lm_segment_fn fn = lm_unit_for(isa)->kernels[dtype];
     return fn ? fn : lm_unit_scalar.kernels[dtype];

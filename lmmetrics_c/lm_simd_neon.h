@@ -8,8 +8,8 @@
 #include <arm_neon.h>
 
 #define LM_ISA_TAG neon
-typedef float32x4_t lmv_t;
-typedef float LMV_LANE;
+#define lmv_t float32x4_t /* macros, not typedefs: lm_simd_neon_f64.h replaces them */
+#define LMV_LANE float
 #define LMV_W 4
 #define lmv_set1(x) vdupq_n_f32((float)(x))
 #define lmv_loadu(p) vld1q_f32((const float *)(p)) /* LMV_W lanes, unaligned */
