@@ -394,7 +394,7 @@ def test_lazy_vocabulary_blocks_read_the_device_once(dev, monkeypatch, with_ref)
     launched; the rows the blocks cannot certify (+inf logits, a target at
     -inf) are done again whole by the exact path after it. The numbers are
     those of the materialized logits on the native core; a NaN names its
-    row (the first one)."""
+    row (the first one), as does a reference row all -inf."""
     monkeypatch.setenv("LMMETRICS_TRITON", "0")
     h, w, b, t, r = _tile_case()
     ask = dict(nll=True, entropy=True, argmax=True, kl=with_ref, ref_nll=with_ref, rank=True, top_logprob=True)
@@ -411,7 +411,8 @@ def test_lazy_vocabulary_blocks_read_the_device_once(dev, monkeypatch, with_ref)
     n = events.index("cpu")
     assert any(tiles[:n]) and n > 40, events  # vocabulary blocks, many of them
     assert events[:n + 2] == ["tile"] * n + ["cpu", "numpy"], events
-    assert not any(tiles[n:]), tiles[n:]  # whole rows, redone
+    assert not any(tiles[n:]), tiles[n:]  # whole rows, redone: the +inf rows only (logits, reference)
+    assert len(tiles[n:]) == (4 if with_ref else 1), tiles[n:]
     redo = events[n + 2:]
     assert redo and set(redo) <= {"tile", "cpu", "numpy"} and redo.count("numpy") == redo.count("cpu"), redo
     want = _engine.run((h @ w.T + b).numpy(), tn, r.numpy() if with_ref else None, **ask)
@@ -426,6 +427,11 @@ def test_lazy_vocabulary_blocks_read_the_device_once(dev, monkeypatch, with_ref)
         _engine.run(lmmetrics.projected(h[:, 12:].to(dev), w.to(dev), chunk_bytes=budget), tn[:, 12:],
                     None if rd is None else rd[:, 12:], **ask)
     assert len(events) > 20 and events == ["tile"] * (len(events) - 2) + ["cpu", "numpy"], events
+    if with_ref:  # a reference row all -inf, before a NaN row
+        r_empty = r.clone()
+        r_empty[1, 14] = -math.inf
+        with pytest.raises(ValueError, match=r"reference_logits row 44 \(position \(1, 14\)\) is all -inf"):
+            _engine.run(lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=budget), tn, r_empty.to(dev), **ask)
     h[1, 20, 1] = math.nan
     h[1, 25, 0] = math.nan
     with pytest.raises(ValueError, match=r"NaN in logits at row 50 \(position \(1, 20\)\)"):

@@ -204,8 +204,8 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     stay there and are merged there, in float64 by the same formulas (torch
     for numpy), into one result buffer (:data:`lmmetrics._cuda.N_RESULTS`
     x rows) that joins on_device for :func:`_settle`; a row some block
-    cannot certify (flagged, NaN, or its logsumexp not finite) is flagged
-    F_REDO there, and done again whole by the exact path after the one
+    cannot certify (flagged, a value not finite, or its logsumexp not
+    finite) is flagged F_REDO there, and done again whole by the exact path after the one
     transfer (which names a bad row)."""
     V = out.n_cols
     n = sel.size
@@ -235,10 +235,13 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             from . import _cuda
 
             res = _launch(z, r, col0, 0.0, kw)
-            redo |= res[_cuda.RES_FLAGS] != 0
+            flags = res[_cuda.RES_FLAGS]
+            # a torch chunk's F_REDO flags all its rows: its rows are
+            # certified one by one, by their values (finite), as it does
+            redo |= (flags != 0) & (flags != _cuda.F_REDO)
             for name in OUTPUTS:
                 if kw.get(name) and name not in INDEX_OUTPUTS:
-                    redo |= xp.isnan(res[1 + OUTPUTS.index(name)])
+                    redo |= ~xp.isfinite(res[1 + OUTPUTS.index(name)])
             floats: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)]  # noqa: E731
             indices: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)].long()  # noqa: E731
         else:
@@ -279,31 +282,31 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
                 _set(rt, inb, _at(r, inb, t[inb] - j, dev))
     lse, lw = _merge_lse(blocks["lse"], xp)
     redo |= ~xp.isfinite(lse)
-    res_: Dict[str, Any] = {}
+    merged: Dict[str, Any] = {}
     if t is not None and out.nll is not None:
-        res_["nll"] = lse - zt
+        merged["nll"] = lse - zt
     if want["entropy"]:  # H = sum_b w_b (H_b - ln w_b), w_b the block's share of the mass
-        res_["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)], xp)
+        merged["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)], xp)
     if want["argmax"]:
-        res_["argmax"] = _take_best(blocks["amv"], blocks["am"], xp)
+        merged["argmax"] = _take_best(blocks["amv"], blocks["am"], xp)
     if want["top_logprob"]:  # max_b (M_b - lse_b) + (lse_b - lse) = M - lse
         with np.errstate(invalid="ignore"):
-            res_["top_logprob"] = xp.clip(xp.amax(xp.stack(blocks["top"]) + xp.stack(lw), 0), None, 0.0)
+            merged["top_logprob"] = xp.clip(xp.amax(xp.stack(blocks["top"]) + xp.stack(lw), 0), None, 0.0)
     if want_rank:
-        res_["rank"] = above
+        merged["rank"] = above
     if ref:
         rlse, rlw = _merge_lse(blocks["rlse"], xp)
         redo |= ~xp.isfinite(rlse)
         if t is not None and out.ref_nll is not None:
-            res_["ref_nll"] = rlse - rt
+            merged["ref_nll"] = rlse - rt
         if want["kl"]:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
-            res_["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
+            merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
         if want["argmax"]:
-            res_["ref_argmax"] = _take_best(blocks["ramv"], blocks["ram"], xp)
+            merged["ref_argmax"] = _take_best(blocks["ramv"], blocks["ram"], xp)
     values = {name: v if name in INDEX_OUTPUTS or name == "top_logprob" else xp.where(v < 0, 0.0, v)
-              for name, v in res_.items() if getattr(out, name) is not None}
-    if dev is not None:
-        on_device.append((sel, _merged(values, redo, n, dev)))  # type: ignore[union-attr]
+              for name, v in merged.items() if getattr(out, name) is not None}
+    if dev is not None and on_device is not None:
+        on_device.append((sel, _as_results(values, redo, n, dev)))
         return
     for name, v in values.items():
         getattr(out, name)[sel] = v
@@ -312,7 +315,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
                          want)
 
 
-def _merged(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:
+def _as_results(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:
     """A CUDA tile chunk's merged outputs as the CUDA pass's result buffer
     (on the device): the rows to do again flagged F_REDO."""
     import torch
