@@ -242,6 +242,18 @@ def _recording_chunks(monkeypatch, module, events):
     monkeypatch.setattr(module, "row_chunks", recorded)
 
 
+def _same_outputs(got, want):
+    """got has want's outputs: the integer ones equal, the others within
+    the per-token contract (2e-6)."""
+    for name in _request.OUTPUTS:
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if name in _request.INDEX_OUTPUTS and a is not None:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        elif a is not None:
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=name)
+
+
 _ASKS = [dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True),
          dict(nll=True), dict(argmax=True), dict(rank=True, nll=True), dict(rank=True), dict(entropy=True, kl=True)]
 
@@ -263,13 +275,7 @@ def test_a_pass_reads_the_device_once_when_it_ends(dev, small_chunks, monkeypatc
         got = _engine.run(z, tn, ref, **ask)
     assert events.count("chunk") > 2 and events == ["chunk"] * events.count("chunk") + ["cpu", "numpy"], events
     want = _engine.run(zn, tn, None if ref is None else rn, **ask)
-    for name in _request.OUTPUTS:
-        a, b = getattr(got, name), getattr(want, name)
-        assert (a is None) == (b is None), name
-        if name in _request.INDEX_OUTPUTS and a is not None:
-            np.testing.assert_array_equal(a, b, err_msg=name)
-        elif a is not None:
-            np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=name)
+    _same_outputs(got, want)
     assert got.n_counted == want.n_counted and got.nll_sum == pytest.approx(want.nll_sum, rel=1e-6)
 
 
@@ -348,3 +354,113 @@ def test_lazy_logits_read_the_device_once(dev, monkeypatch, triton_on):
     h[3, 6, 0] = math.nan
     with pytest.raises(ValueError, match=r"NaN in logits at row 31 "):
         _engine.run(lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=3 * V * 4), t.to(dev), nll=True)
+
+
+def _tile_case(V=2000):
+    """Lazy logits whose rows are split into vocabulary blocks at the budget
+    of _tile_budget, a reference beside them, and targets: ignored rows, a
+    model row holding +inf (an overflowing hidden state), a reference row
+    holding +inf, a target at -inf (a masked column), a target at a block's
+    first column and a tie across blocks."""
+    g = torch.Generator().manual_seed(31)
+    h = torch.randn(2, 30, 6, generator=g)
+    w = torch.randn(V, 6, generator=g)
+    w[100] *= 4
+    w[1500] = w[100]  # a tie across blocks: the first index wins
+    h[0, 3] = w[100]
+    b = torch.zeros(V)
+    b[7] = -math.inf
+    t = torch.randint(0, V, (2, 30), generator=g)
+    t[0, ::4] = -100
+    t[1, 5] = 7        # its target's logit is -inf: NLL inf
+    t[1, 8] = 600      # a block's first column
+    h[1, 11, 0] = 3e38  # overflows: +inf (and -inf) logits
+    r = (h @ w.T + b) + torch.randn(2, 30, V, generator=g) * 0.3
+    r[1, 11] = torch.randn(V, generator=g)
+    r[0, 9, 1234] = math.inf
+    return h, w, b, t, r
+
+
+def _tile_budget(per_col):
+    """A budget of 4 rows x 600 columns: rows of 2000 split into blocks."""
+    return 4 * 600 * per_col
+
+
+@pytest.mark.parametrize("with_ref", [False, True], ids=["logits", "with reference"])
+def test_lazy_vocabulary_blocks_read_the_device_once(dev, monkeypatch, with_ref):
+    """projected() with rows too wide for the budget (tiles of rows x a
+    vocabulary block): the blocks' values stay and merge on the device, the
+    pass's values cross to the host in one transfer once every tile is
+    launched; the rows the blocks cannot certify (+inf logits, a target at
+    -inf) are done again whole by the exact path after it. The numbers are
+    those of the materialized logits on the native core; a NaN names its
+    row (the first one), as does a reference row all -inf."""
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    h, w, b, t, r = _tile_case()
+    ask = dict(nll=True, entropy=True, argmax=True, kl=with_ref, ref_nll=with_ref, rank=True, top_logprob=True)
+    budget = _tile_budget(8 if with_ref else 4)
+    tn = t.numpy()
+    rd = r.to(dev) if with_ref else None
+    reads = HostReads(monkeypatch)
+    take = _chunked._take_rows
+    tiles = []
+    with reads as events:
+        monkeypatch.setattr(_chunked, "_take_rows", lambda *a: events.append("tile") or tiles.append(a[3:4])
+                            or take(*a))
+        got = _engine.run(lmmetrics.projected(h.to(dev), w.to(dev), b.to(dev), chunk_bytes=budget), tn, rd, **ask)
+    n = events.index("cpu")
+    assert any(tiles[:n]) and n > 40, events  # vocabulary blocks, many of them
+    assert events[:n + 2] == ["tile"] * n + ["cpu", "numpy"], events
+    assert not any(tiles[n:]), tiles[n:]  # whole rows, redone: the +inf rows only (logits, reference)
+    assert len(tiles[n:]) == (4 if with_ref else 1), tiles[n:]
+    redo = events[n + 2:]
+    assert redo and set(redo) <= {"tile", "cpu", "numpy"} and redo.count("numpy") == redo.count("cpu"), redo
+    want = _engine.run((h @ w.T + b).numpy(), tn, r.numpy() if with_ref else None, **ask)
+    assert got.nll[30 + 5] == math.inf and got.argmax[3] == 100
+    _same_outputs(got, want)
+    assert got.n_counted == want.n_counted
+    c = tn.reshape(-1) >= 0
+    c[30 + 5] = False  # (the inf)
+    assert math.fsum(got.nll[c]) == pytest.approx(math.fsum(want.nll[c]), rel=1e-8)
+    # a pass the blocks certify whole: that one transfer only
+    with reads as events:
+        _engine.run(lmmetrics.projected(h[:, 12:].to(dev), w.to(dev), chunk_bytes=budget), tn[:, 12:],
+                    None if rd is None else rd[:, 12:], **ask)
+    assert len(events) > 20 and events == ["tile"] * (len(events) - 2) + ["cpu", "numpy"], events
+    if with_ref:  # a reference row all -inf, before a NaN row
+        r_empty = r.clone()
+        r_empty[1, 14] = -math.inf
+        with pytest.raises(ValueError, match=r"reference_logits row 44 \(position \(1, 14\)\) is all -inf"):
+            _engine.run(lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=budget), tn, r_empty.to(dev), **ask)
+    h[1, 20, 1] = math.nan
+    h[1, 25, 0] = math.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 50 \(position \(1, 20\)\)"):
+        _engine.run(lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=budget), tn, rd, **ask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_lazy_vocabulary_blocks_in_every_dtype(dev, dtype):
+    """The device merge of vocabulary blocks in each logits dtype: the
+    native core's numbers on the same logits (computed whole), per token
+    within the contract (float64: 1e-10), the NLL sum within 1e-8."""
+    g = torch.Generator().manual_seed(5)
+    V = 3000
+    h = torch.randn(3, 40, 16, generator=g).to(dtype)
+    w = (torch.randn(V, 16, generator=g) * 0.5).to(dtype)
+    t = torch.randint(0, V, (3, 40), generator=g)
+    t[0, ::4] = -100
+    ask = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, rank=True, top_logprob=True)
+    lazy = lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=6 * 700 * 2 * h.element_size())
+    lazy_ref = lmmetrics.projected((h * 0.8).to(dev), w.to(dev))
+    got = _engine.run(lazy, t.numpy(), lazy_ref, **ask)
+    whole = [x.rows(np.arange(120)).cpu() for x in (lazy, lazy_ref)]
+    z, r = (x.float().numpy() if dtype == torch.bfloat16 else x.numpy() for x in whole)
+    want = _engine.run(z, t.numpy().reshape(-1), r, **ask)
+    tol = 1e-10 if dtype == torch.float64 else 2e-6
+    for name in _request.OUTPUTS:
+        a, b = getattr(got, name), getattr(want, name)
+        if name in _request.INDEX_OUTPUTS:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        else:
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
+    assert got.nll_sum == pytest.approx(want.nll_sum, rel=1e-8)

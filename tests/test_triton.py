@@ -340,6 +340,26 @@ def group_lazy_logits():
     for k, v in want.items():
         assert (got[k] is None) if v is None else got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
     assert len(calls) >= 8  # 15 counted rows, 3 a chunk, each in two vocabulary blocks
+    # the blocks' values stay and merge on the device: one transfer when the
+    # pass ends; a row holding +inf is done again whole after it
+    from helpers import HostReads
+    from lmmetrics import _engine
+
+    h[1, 5, 0] = 3e38
+    kw = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, rank=True, top_logprob=True)
+    n = len(calls)
+    with pytest.MonkeyPatch.context() as mp:
+        reads = HostReads(mp)
+        for row, (zh, rh) in enumerate(((h[:1], h[:1] * 0.9), (h, h * 0.9))):
+            tn = t[:len(zh)].numpy()
+            with reads as events:
+                got = _engine.run(lmmetrics.projected(zh, w, chunk_bytes=5 * 700 * 4), tn,
+                                  lmmetrics.projected(rh, w), **kw)
+            assert events[:2] == ["cpu", "numpy"] and (len(events) > 2) == (row == 1), events
+            want = _engine.run((zh @ w.T).numpy(), tn, (rh @ w.T).numpy(), **kw)
+            _compare(got, want)
+            np.testing.assert_array_equal(got.rank, want.rank)
+    assert len(calls) >= n + 8
     print("GROUP OK")
 
 

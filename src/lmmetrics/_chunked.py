@@ -18,8 +18,13 @@ done again whole, one at a time. Ignored rows are never projected.
 On a CUDA device, chunks of whole rows go through the CUDA pass without
 waiting for it (:func:`lmmetrics._cuda.launch`); their per-row results stay
 on the device and come to the host in one transfer once every chunk is
-launched (:func:`_settle`). Vocabulary blocks are merged in numpy: each
-block's values come to the host (a transfer a block).
+launched (:func:`_settle`). So do tiles: each goes through the CUDA pass
+without waiting, the blocks' values (and the targets' logits, the rank's
+counts) stay on the device and are merged there in float64 by the same
+formulas as numpy's merge on the host (torch's ops, in the same order), into
+the CUDA pass's result buffer of the chunk, which joins the others for that
+one transfer. A row some block cannot certify is flagged there and done
+again whole by the exact path after the transfer, which names a bad row.
 """
 from __future__ import annotations
 
@@ -93,7 +98,7 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
     per_col = sum(x.itemsize if isinstance(x, Projected) else x.dtype.itemsize
                   if isinstance(x, np.ndarray) else x.element_size() for x in sides)
     V = lg.n_cols
-    step = max(1, budget // (V * per_col))
+    step = whole = max(1, budget // (V * per_col))
     block = V
     if step < min(rows.size, _TILE_ROWS) and V > _MIN_BLOCK:  # tiles of rows x a vocabulary block
         step = max(1, min(rows.size, _TILE_ROWS, budget // (_MIN_BLOCK * per_col)))
@@ -105,9 +110,9 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
         if block >= V:
             _lazy_rows(run, logits, reference, sel, t, out, lg.lead_shape, cap, threads, want, on_device)
         else:
-            _lazy_tiles(run, logits, reference, sel, t, out, lg.lead_shape, block, cap, threads, want)
+            _lazy_tiles(run, logits, reference, sel, t, out, lg.lead_shape, block, cap, threads, want, on_device)
     if on_device:
-        _settle(logits, reference, on_device, out, lg.lead_shape, cap, step)
+        _settle(logits, reference, on_device, out, lg.lead_shape, cap, whole)
     out.n_counted = int(rows.size)
     out.nll_sum = fsum(out.nll) if out.nll is not None else 0.0
     return out
@@ -123,15 +128,22 @@ def _lazy_rows(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Option
     z = _take_rows(logits, sel, lead)
     r = None if reference is None else _take_rows(reference, sel, lead)
     if on_device is not None and (_inputs.is_cuda(z) or _inputs.is_cuda(r)):
-        from . import _cuda
-
-        c_lg = _cuda.describe(z)
-        c_ref = None if r is None else _cuda.describe(r, "reference_logits")
-        part = allocate(c_lg, c_ref, t, -1, check_range=False, **want)  # (its arrays stay unfilled)
-        on_device.append((sel, _cuda.launch(c_lg, c_ref, part, cap)[0]))
+        on_device.append((sel, _launch(z, r, t, cap, want)))
         return
     _into(out, sel, lead, lambda: run(z, t, r, ignore_index=-1, softcap=cap or None, num_threads=threads or None,
                                       **want))
+
+
+def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Dict[str, bool]) -> Any:
+    """The CUDA pass over the logits z (and r) of some rows, targets t,
+    launched without waiting for the device: its result buffer
+    (:data:`lmmetrics._cuda.N_RESULTS` x rows, on the device)."""
+    from . import _cuda
+
+    c_lg = _cuda.describe(z)
+    c_ref = None if r is None else _cuda.describe(r, "reference_logits")
+    part = allocate(c_lg, c_ref, t, -1, check_range=False, **want)  # (its arrays stay unfilled)
+    return _cuda.launch(c_lg, c_ref, part, cap)[0]
 
 
 def _into(out: RowResults, sel: I64Array, lead: Tuple[int, ...], results: Callable[[], RowResults]) -> None:
@@ -179,94 +191,172 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
 
 
 def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
-                lead: Tuple[int, ...], block: int, cap: float, threads: int, want: Dict[str, bool]) -> None:
+                lead: Tuple[int, ...], block: int, cap: float, threads: int, want: Dict[str, bool],
+                on_device: Optional[List[Tuple[I64Array, Any]]] = None) -> None:
     """Rows sel a vocabulary block at a time: each tile through ``run`` with
     every target at the block's first column, which gives the block's
     logsumexp (its NLL plus that logit); the blocks merged in float64. A row
     the blocks cannot certify (a block all -inf, +inf logits) is done again
-    whole, alone."""
+    whole, alone.
+
+    CUDA logits, given on_device, go through the CUDA pass a tile at a time
+    without waiting for the device (:func:`_launch`): the blocks' values
+    stay there and are merged there, in float64 by the same formulas (torch
+    for numpy), into one result buffer (:data:`lmmetrics._cuda.N_RESULTS`
+    x rows) that joins on_device for :func:`_settle`; a row some block
+    cannot certify (flagged, a value not finite, or its logsumexp not
+    finite) is flagged F_REDO there, and done again whole by the exact path after the one
+    transfer (which names a bad row)."""
     V = out.n_cols
     n = sel.size
     ref = reference is not None
     kw = dict(nll=True, entropy=want["entropy"], argmax=want["argmax"], kl=want["kl"], ref_nll=ref,
               top_logprob=want["top_logprob"])
+    dev = None if on_device is None else _cuda_device(logits, reference)
+    xp: Any = np
+    if dev is not None:
+        import torch
+
+        xp = torch
     blocks: Dict[str, List[Any]] = {k: [] for k in ("lse", "ent", "amv", "am", "rlse", "kl", "ramv", "ram", "top")}
     want_rank = want["rank"] and t is not None
-    above = np.zeros(n, np.int64)
-    thr = _target_logits(logits, sel, _need_targets(t), lead, block, cap) if want_rank else np.zeros(n)
-    zt = np.zeros(n)
-    rt = np.zeros(n)
-    redo = np.zeros(n, bool)
+    above = _zeros(n, np.int64, dev)
+    thr = _target_logits(logits, sel, _need_targets(t), lead, block, cap, dev) if want_rank else _zeros(n, dev=dev)
+    zt = _zeros(n, dev=dev)
+    rt = _zeros(n, dev=dev)
+    redo = _zeros(n, bool, dev)
     col0 = np.zeros(n, np.int64)
+    rows_n, first = (np.arange(n), col0) if dev is None else (xp.arange(n, device=dev), _zeros(n, np.int64, dev))
     for j in range(0, V, block):
         cols = slice(j, min(V, j + block))
         z = _take_rows(logits, sel, lead, cols, cap)
         r = None if not ref else _take_rows(reference, sel, lead, cols, cap)
-        try:
-            part = run(z, col0, r, ignore_index=-1, num_threads=threads or None, **kw)
-        except RowError as e:
-            if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
-                raise row_error(e.status, int(sel[e.row]), lead) from None
-            _lazy_rows_alone(run, logits, reference, sel, t, out, lead, cap, threads, want)  # a block all -inf
-            return
-        rows_n = np.arange(n)
+        if dev is not None:  # the tile's values and flags stay on the device
+            from . import _cuda
+
+            res = _launch(z, r, col0, 0.0, kw)
+            flags = res[_cuda.RES_FLAGS]
+            # a torch chunk's F_REDO flags all its rows: its rows are
+            # certified one by one, by their values (finite), as it does
+            redo |= (flags != 0) & (flags != _cuda.F_REDO)
+            for name in OUTPUTS:
+                if kw.get(name) and name not in INDEX_OUTPUTS:
+                    redo |= ~xp.isfinite(res[1 + OUTPUTS.index(name)])
+            floats: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)]  # noqa: E731
+            indices: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)].long()  # noqa: E731
+        else:
+            try:
+                part = run(z, col0, r, ignore_index=-1, num_threads=threads or None, **kw)
+            except RowError as e:
+                if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
+                    raise row_error(e.status, int(sel[e.row]), lead) from None
+                _lazy_rows_alone(run, logits, reference, sel, t, out, lead, cap, threads, want)  # a block all -inf
+                return
+            floats, indices = part.floats, part.indices
         with np.errstate(invalid="ignore"):  # inf + -inf: the row is done again whole
-            blocks["lse"].append(part.floats("nll") + _at(z, rows_n, col0))
+            blocks["lse"].append(floats("nll") + _at(z, rows_n, first, dev))
         if want["entropy"]:
-            blocks["ent"].append(part.floats("entropy"))
+            blocks["ent"].append(floats("entropy"))
         if want["argmax"]:
-            am = part.indices("argmax")
+            am = indices("argmax")
             blocks["am"].append(am + j)
-            blocks["amv"].append(_at(z, rows_n, am))
+            blocks["amv"].append(_at(z, rows_n, am, dev))
         if want["top_logprob"]:
-            blocks["top"].append(part.floats("top_logprob"))
+            blocks["top"].append(floats("top_logprob"))
         if t is not None:
             inb = np.flatnonzero((t >= cols.start) & (t < cols.stop))
-            zt[inb] = _at(z, inb, t[inb] - j)
+            _set(zt, inb, _at(z, inb, t[inb] - j, dev))
         if want_rank:  # the target's own block: its own value
-            thr[inb] = zt[inb]
+            _set(thr, inb, zt[_index(inb, dev)])
             above += _count_above(z, thr)
         if ref:
             with np.errstate(invalid="ignore"):
-                blocks["rlse"].append(part.floats("ref_nll") + _at(r, rows_n, col0))
+                blocks["rlse"].append(floats("ref_nll") + _at(r, rows_n, first, dev))
             if want["kl"]:
-                blocks["kl"].append(part.floats("kl"))
+                blocks["kl"].append(floats("kl"))
             if want["argmax"]:
-                ram = part.indices("ref_argmax")
+                ram = indices("ref_argmax")
                 blocks["ram"].append(ram + j)
-                blocks["ramv"].append(_at(r, rows_n, ram))
+                blocks["ramv"].append(_at(r, rows_n, ram, dev))
             if t is not None:
-                rt[inb] = _at(r, inb, t[inb] - j)
-    lse, lw = _merge_lse(blocks["lse"])
-    redo |= ~np.isfinite(lse)
-    res: Dict[str, Any] = {}
+                _set(rt, inb, _at(r, inb, t[inb] - j, dev))
+    lse, lw = _merge_lse(blocks["lse"], xp)
+    redo |= ~xp.isfinite(lse)
+    merged: Dict[str, Any] = {}
     if t is not None and out.nll is not None:
-        res["nll"] = lse - zt
+        merged["nll"] = lse - zt
     if want["entropy"]:  # H = sum_b w_b (H_b - ln w_b), w_b the block's share of the mass
-        res["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)])
+        merged["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)], xp)
     if want["argmax"]:
-        res["argmax"] = _take_best(blocks["amv"], blocks["am"])
+        merged["argmax"] = _take_best(blocks["amv"], blocks["am"], xp)
     if want["top_logprob"]:  # max_b (M_b - lse_b) + (lse_b - lse) = M - lse
         with np.errstate(invalid="ignore"):
-            res["top_logprob"] = np.minimum(np.max(np.stack(blocks["top"]) + np.stack(lw), 0), 0.0)
+            merged["top_logprob"] = xp.clip(xp.amax(xp.stack(blocks["top"]) + xp.stack(lw), 0), None, 0.0)
     if want_rank:
-        res["rank"] = above
+        merged["rank"] = above
     if ref:
-        rlse, rlw = _merge_lse(blocks["rlse"])
-        redo |= ~np.isfinite(rlse)
+        rlse, rlw = _merge_lse(blocks["rlse"], xp)
+        redo |= ~xp.isfinite(rlse)
         if t is not None and out.ref_nll is not None:
-            res["ref_nll"] = rlse - rt
+            merged["ref_nll"] = rlse - rt
         if want["kl"]:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
-            res["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)])
+            merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
         if want["argmax"]:
-            res["ref_argmax"] = _take_best(blocks["ramv"], blocks["ram"])
-    for name, values in res.items():
-        arr = getattr(out, name)
-        if arr is not None:
-            arr[sel] = values if name in INDEX_OUTPUTS or name == "top_logprob" else np.where(values < 0, 0.0, values)
+            merged["ref_argmax"] = _take_best(blocks["ramv"], blocks["ram"], xp)
+    values = {name: v if name in INDEX_OUTPUTS or name == "top_logprob" else xp.where(v < 0, 0.0, v)
+              for name, v in merged.items() if getattr(out, name) is not None}
+    if dev is not None and on_device is not None:
+        on_device.append((sel, _as_results(values, redo, n, dev)))
+        return
+    for name, v in values.items():
+        getattr(out, name)[sel] = v
     if redo.any():
         _lazy_rows_alone(run, logits, reference, sel[redo], None if t is None else t[redo], out, lead, cap, threads,
                          want)
+
+
+def _as_results(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:
+    """A CUDA tile chunk's merged outputs as the CUDA pass's result buffer
+    (on the device): the rows to do again flagged F_REDO."""
+    import torch
+
+    from ._cuda import F_REDO, N_RESULTS, RES_FLAGS
+
+    res = torch.zeros((N_RESULTS, n), dtype=torch.float64, device=dev)
+    res[RES_FLAGS] = torch.where(redo, float(F_REDO), 0.0)
+    for name, v in values.items():
+        res[1 + OUTPUTS.index(name)] = v
+    return res
+
+
+def _cuda_device(*sides: Any) -> Any:
+    """The device of the first of sides (logits, lazy logits' hidden states)
+    that is on a CUDA device, else None."""
+    for x in sides:
+        keep = x.hidden if isinstance(x, Projected) else x
+        if x is not None and _inputs.is_cuda(keep):
+            return keep.device
+    return None
+
+
+def _zeros(n: int, dtype: Any = np.float64, dev: Any = None) -> Any:
+    """n zeros of the numpy dtype: numpy, or a tensor on the device dev."""
+    if dev is None:
+        return np.zeros(n, dtype)
+    import torch
+
+    return torch.zeros(n, dtype={np.float64: torch.float64, np.int64: torch.int64, bool: torch.bool}[dtype],
+                       device=dev)
+
+
+def _index(idx: I64Array, dev: Any) -> Any:
+    """A numpy index as the arrays on dev index: itself, or on the device."""
+    return idx if dev is None else to_device(idx, dev)
+
+
+def _set(arr: Any, idx: I64Array, values: Any) -> None:
+    """arr[idx] = values, arr numpy or a tensor (idx numpy)."""
+    arr[_index(idx, None if isinstance(arr, np.ndarray) else arr.device)] = values
 
 
 def _lazy_rows_alone(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
@@ -284,24 +374,28 @@ def _need_targets(t: Optional[I64Array]) -> I64Array:
 
 
 def _target_logits(logits: Any, sel: I64Array, t: I64Array, lead: Tuple[int, ...], block: int,
-                   cap: float) -> F64Array:
-    """The targets' logits of rows sel, as float64: for each vocabulary
-    block, the tile of the rows whose target lies in it (one block a row)."""
-    zt = np.zeros(sel.size)
+                   cap: float, dev: Any = None) -> Any:
+    """The targets' logits of rows sel, as float64 (numpy, or with dev a
+    tensor on that device): for each vocabulary block, the tile of the rows
+    whose target lies in it (one block a row)."""
+    zt = _zeros(sel.size, dev=dev)
     for j in range(0, t.size and int(t.max()) + 1, block):
         inb = np.flatnonzero((t >= j) & (t < j + block))
         if inb.size:
             z = _take_rows(logits, sel[inb], lead, slice(j, j + block), cap)
-            zt[inb] = _at(z, np.arange(inb.size), t[inb] - j)
+            _set(zt, inb, _at(z, np.arange(inb.size), t[inb] - j, dev))
     return zt
 
 
-def _count_above(z: Any, thr: F64Array) -> I64Array:
+def _count_above(z: Any, thr: Any) -> Any:
     """Per row of the tile z, its values above thr (compared as the tile
-    holds them: exact against a float64 threshold)."""
+    holds them: exact against a float64 threshold). A threshold on the
+    device (a CUDA tile's) gives the counts there; else int64 numpy."""
     if is_torch(z):
         import torch
 
+        if isinstance(thr, torch.Tensor):
+            return (z > thr[:, None]).sum(1)
         above = (z > torch.from_numpy(thr).to(z.device)[:, None]).sum(1)
         counts: I64Array = above.cpu().numpy().astype(np.int64)
         return counts
@@ -309,40 +403,56 @@ def _count_above(z: Any, thr: F64Array) -> I64Array:
     return counts
 
 
-def _merge_lse(parts: List[F64Array]) -> Tuple[F64Array, List[F64Array]]:
+# The merge of the blocks' values: numpy on the host, torch (xp) for a CUDA
+# tile's values on its device; the same float64 operations in the same order
+# (a sum over blocks one block after the other, as numpy's sum over axis 0).
+
+def _merge_lse(parts: List[Any], xp: Any = np) -> Tuple[Any, List[Any]]:
     """The logsumexp over blocks of the blocks' logsumexps, and each block's
     ln share of the mass (lse_b - lse)."""
-    stack = np.stack(parts)
+    stack = xp.stack(parts)
     with np.errstate(all="ignore"):
-        m = stack.max(0)
-        lse = m + np.log(np.exp(stack - m).sum(0))
+        m = xp.amax(stack, 0)
+        shares = xp.exp(stack - m)
+        total = shares[0]
+        for s in shares[1:]:
+            total = total + s
+        lse = m + xp.log(total)
         return lse, list(stack - lse)
 
 
-def _weighted(log_shares: List[F64Array], values: List[F64Array]) -> F64Array:
+def _weighted(log_shares: List[Any], values: List[Any], xp: Any = np) -> Any:
     """sum_b exp(log_share_b) value_b, a block without mass adding nothing."""
-    total = np.zeros_like(log_shares[0])
+    total = xp.zeros_like(log_shares[0])
     with np.errstate(all="ignore"):
         for lw, v in zip(log_shares, values):
-            w = np.exp(lw)
-            total += np.where(w > 0, w * v, 0.0)
+            w = xp.exp(lw)
+            total += xp.where(w > 0, w * v, 0.0)
     return total
 
 
-def _take_best(values: List[F64Array], index: List[I64Array]) -> I64Array:
+def _take_best(values: List[Any], index: List[Any], xp: Any = np) -> Any:
     """Per row the index of the largest value over blocks, the first block on
     ties (each block's argmax is its first maximum)."""
-    k = np.argmax(np.stack(values), 0)
-    picked: I64Array = np.stack(index)[k, np.arange(k.size)]
+    k = xp.argmax(xp.stack(values), 0)
+    stack = xp.stack(index)
+    if xp is not np:
+        return stack.gather(0, k[None])[0]
+    picked: I64Array = stack[k, np.arange(k.size)]
     return picked
 
 
-def _at(x: Any, rows: I64Array, cols: I64Array) -> F64Array:
+def _at(x: Any, rows: Any, cols: Any, dev: Any = None) -> Any:
     """x[rows[i], cols[i]] as float64 numpy (the few values a tile's merge
-    reads; for tensors one small copy to the host)."""
+    reads; for tensors one small copy to the host), or with dev (a CUDA
+    tile's device) a float64 tensor there, read by no one (rows and cols
+    numpy, or tensors on that device)."""
     if is_torch(x):
         import torch
 
+        if dev is not None:
+            at = [i if isinstance(i, torch.Tensor) else to_device(i, dev) for i in (rows, cols)]
+            return x[at[0], at[1]].to(torch.float64)
         dev = x.device
         picked = x[torch.from_numpy(rows).to(dev), torch.from_numpy(np.ascontiguousarray(cols)).to(dev)]
         host: F64Array = picked.to("cpu", torch.float64).numpy()
