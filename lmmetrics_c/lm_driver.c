@@ -96,6 +96,31 @@ int lm_max_threads(void) {
 #endif
 }
 
+/* fork(): libgomp's thread team does not survive it, and an OpenMP region
+ * in the child of a process that had started one waits for ever (Python's
+ * multiprocessing with the fork start method, DataLoader workers). Such a
+ * child runs its jobs on one thread, without a region. */
+#if defined(_OPENMP) && !defined(_WIN32)
+#include <pthread.h>
+static volatile int lm_team_started = 0, lm_forked_after_team = 0;
+static pthread_once_t lm_atfork_once = PTHREAD_ONCE_INIT;
+static void lm_atfork_child(void) {
+    if (lm_team_started) lm_forked_after_team = 1;
+}
+static void lm_atfork_register(void) { pthread_atfork(NULL, NULL, lm_atfork_child); }
+#endif
+
+/* The threads a job may use: nt (>= 1), or 1 in a child forked after a
+ * team started; the caller starts a team when it gets more than 1. */
+static int lm_team(int nt) {
+#if defined(_OPENMP) && !defined(_WIN32)
+    if (nt <= 1 || lm_forked_after_team) return 1;
+    pthread_once(&lm_atfork_once, lm_atfork_register);
+    lm_team_started = 1;
+#endif
+    return nt < 1 ? 1 : nt;
+}
+
 static const lm_unit *lm_unit_for(int isa) {
 #ifdef LM_HAVE_NEON
     if (isa == LM_ISA_NEON) return &lm_unit_neon;
@@ -134,10 +159,10 @@ uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads, int isa, i
     float m = -INFINITY;
     uint64_t acc = 0;
     uint32_t bits;
-    int nt = num_threads > 0 ? num_threads : lm_max_threads();
+    int nt = lm_team(num_threads > 0 ? num_threads : lm_max_threads());
     (void)nt;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(max : m)
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(max : m) if (nt > 1)
 #endif
     for (int64_t c = 0; c < nchunks; c++) {
         float v = fn((const float *)p + c * chunk, chunk, prefetch);
@@ -487,6 +512,8 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     work = n * j->n_cols * (j->ref.base ? 2 : 1);
     if (work / LM_MIN_WORK_PER_THREAD < nt) nt = (int)(work / LM_MIN_WORK_PER_THREAD);
     if (nt < 1) nt = 1;
+    if (nt > n && !(x.nseg > 1)) nt = (int)n; /* whole rows: a thread a row at most */
+    nt = lm_team(nt);
 
     status = (unsigned char *)calloc((size_t)n, 1);
     if (!status) return LM_ERR_NOMEM;
@@ -518,7 +545,6 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         free(sts);
     } else {
         lm_poll poll = {j, LM_CHECK_WORK / (j->n_cols * lm_cost(j, x.fn)), 0, 0};
-        if (nt > n) nt = (int)n;
         if (nt == 1) { /* no OpenMP region: 0.6 us a call less, which a one-row call sees */
             for (int64_t i = 0; i < n; i++) lm_row_item(&x, &poll, status, i);
         } else {

@@ -1,0 +1,41 @@
+"""A process forked after lmmetrics ran an OpenMP team (Python's
+multiprocessing with the fork start method, DataLoader workers): the child's
+calls must not wait for the parent's threads, which fork did not copy
+(libgomp's team then waits for ever). The child runs its jobs on one
+thread, with the same bits."""
+import multiprocessing as mp
+import sys
+
+import numpy as np
+import pytest
+
+import lmmetrics
+from lmmetrics import _core
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32" or "fork" not in mp.get_all_start_methods(),
+                                reason="no fork start method here")
+
+RNG = np.random.default_rng(0)
+ONE_ROW = RNG.standard_normal((1, 32000)).astype(np.float32)       # a one-row job: two halves, two threads
+ROWS = RNG.standard_normal((4, 65536)).astype(np.float32)          # rows over threads
+T1, T4 = np.array([5]), np.array([1, 2, 3, 4])
+
+
+def _child_work(_):
+    return (lmmetrics.cross_entropy(ONE_ROW, T1, reduction="sum"),
+            lmmetrics.token_nll(ROWS, T4).tolist(),
+            lmmetrics.evaluate(ROWS, T4, reference_logits=ROWS[::-1].copy()).loss,
+            _core.read_pass(ROWS.ctypes.data, ROWS.nbytes, 2))
+
+
+@pytest.mark.skipif(not _core.openmp(), reason="built without OpenMP")
+def test_a_child_forked_after_a_team_does_not_wait_for_it():
+    # the parent runs teams of two threads first (two halves of one row; rows)
+    want = (lmmetrics.cross_entropy(ONE_ROW, T1, reduction="sum", num_threads=2),
+            lmmetrics.token_nll(ROWS, T4, num_threads=2).tolist(),
+            lmmetrics.evaluate(ROWS, T4, reference_logits=ROWS[::-1].copy(), num_threads=2).loss,
+            _core.read_pass(ROWS.ctypes.data, ROWS.nbytes, 2))
+    with mp.get_context("fork").Pool(2) as pool:
+        got = pool.map_async(_child_work, range(2)).get(timeout=60)   # (a hang: TimeoutError)
+    # the same bits on one thread as on two
+    assert got == [want, want]
