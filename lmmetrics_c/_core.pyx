@@ -113,6 +113,12 @@ cdef bint _INT64[9]
 _INT64[:] = [True, False, False, True, False, True, False, True, False]
 
 
+cdef inline bint _is_int64(const char *f) noexcept nogil:
+    """a buffer format of native int64 (numpy writes "l" or "q"; a prefix
+    for another byte order or alignment)"""
+    return f != NULL and (strcmp(f, b"l") == 0 or strcmp(f, b"q") == 0)
+
+
 cdef int _hold(object a, Py_buffer *view, int k, int64_t n_rows) except -1:
     """Acquire array k's buffer (a plain buffer request: a typed memoryview
     costs about 0.3 us more an array, which a one-row call sees): 1-D,
@@ -126,8 +132,7 @@ cdef int _hold(object a, Py_buffer *view, int k, int64_t n_rows) except -1:
     cdef const char *f = view.format
     cdef bint ok = (view.ndim == 1 and view.itemsize == 8 and f != NULL
                     and (<uintptr_t>view.buf) % 8 == 0
-                    and ((strcmp(f, b"l") == 0 or strcmp(f, b"q") == 0) if _INT64[k]
-                         else strcmp(f, b"d") == 0))
+                    and (_is_int64(f) if _INT64[k] else strcmp(f, b"d") == 0))
     cdef Py_ssize_t got = view.shape[0] if view.ndim == 1 else -1
     if ok and got == n_rows:
         return 0
@@ -272,9 +277,8 @@ def nll_total(object logits, object targets, int64_t ignore_index, int num_threa
         except (BufferError, ValueError, TypeError):
             return None
         try:
-            if (tv.ndim != lv.ndim - 1 or tv.itemsize != 8 or tv.format == NULL
-                    or (<uintptr_t>tv.buf) % 8
-                    or not (strcmp(tv.format, b"l") == 0 or strcmp(tv.format, b"q") == 0)):
+            if (tv.ndim != lv.ndim - 1 or tv.itemsize != 8 or (<uintptr_t>tv.buf) % 8
+                    or not _is_int64(tv.format)):
                 return None
             for k in range(tv.ndim):
                 if tv.shape[k] != lv.shape[k]:

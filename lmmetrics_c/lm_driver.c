@@ -512,7 +512,7 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
     work = n * j->n_cols * (j->ref.base ? 2 : 1);
     if (work / LM_MIN_WORK_PER_THREAD < nt) nt = (int)(work / LM_MIN_WORK_PER_THREAD);
     if (nt < 1) nt = 1;
-    if (nt > n && !(x.nseg > 1)) nt = (int)n; /* whole rows: a thread a row at most */
+    if (nt > n && x.nseg == 1) nt = (int)n; /* whole rows: a thread a row at most */
     nt = lm_team(nt);
 
     status = (unsigned char *)calloc((size_t)n, 1);
