@@ -231,13 +231,44 @@ def test_bench_lazy_times_and_measures_memory():
     pytest.importorskip("torch")
     out = run("bench", "--lazy", "--tokens", 64, "--vocab", 3000, "--hidden", 64, "--repeat", 1).stdout
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
-    for name in ("matmul", "materialized", "lazy"):
+    for name in ("matmul", "materialized", "lazy", "lazy-nll"):
         assert name in rows and rows[name][-1] == "MiB", out
-        assert float(rows[name][1]) > 0 and float(rows[name][3]) >= 0, out
+        assert float(rows[name][1]) > 0 and float(rows[name][3]) > 0 and float(rows[name][4]) >= 0, out
     assert "memory saved by lazy logits" in out and "64 x 64 hidden states, a 3000 x 64 head" in out
-    for extra in (["--device", "cuda"], ["--dtype", "float16"], ["--compile"]):
-        res = run("bench", "--lazy", *extra, ok=False)
-        _assert_one_line_exit_2(res, "--lazy times the CPU")
+    for extra, says in ((["--dtype", "float16"], "--lazy times the CPU"), (["--compile"], "--lazy takes no")):
+        _assert_one_line_exit_2(run("bench", "--lazy", *extra, ok=False), says)
+
+
+def test_bench_lazy_on_a_device(monkeypatch):
+    """bench --lazy --device cuda's steps (in one process, warmed up, timed
+    to the device's end), here on CPU tensors routed through the CUDA path:
+    every variant's row, the losses checked (status 1 when a lazy loss is
+    wrong); without a GPU the command is a one-line error."""
+    torch = pytest.importorskip("torch")
+    from lmmetrics import _bench_lazy, _cuda, _engine, _inputs
+
+    if not torch.cuda.is_available():
+        _assert_one_line_exit_2(run("bench", "--lazy", "--device", "cuda", ok=False), "sees no CUDA device")
+    routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
+    launch, calls = _cuda.launch, []
+    monkeypatch.setattr(_cuda, "launch", lambda *a: calls.append(1) or launch(*a))
+    monkeypatch.setattr(_engine, "is_cuda", routed)
+    monkeypatch.setattr(_inputs, "is_cuda", routed)
+    lines = []
+    assert _bench_lazy.bench_lazy_device("cpu", 48, 32, 700, "float32", 1, lines.append) == 0
+    out = "\n".join(lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.split()}
+    for name in ("matmul", "materialized", "lazy", "lazy-nll"):
+        assert rows[name][-2:] == ["-", "MiB"] and float(rows[name][1]) > 0, out
+    assert "48 x 32 hidden states, a 700 x 32 head, float32, cpu" in out
+    assert len(calls) >= 2 * 2, calls  # both lazy variants, warmed up and timed, took the CUDA path
+    # a wrong lazy loss fails the check
+    real = _bench_lazy._step
+    monkeypatch.setattr(_bench_lazy, "_step", lambda name, *a: (lambda: 1.0) if name == "lazy-nll"
+                        else real(name, *a))
+    lines.clear()
+    assert _bench_lazy.bench_lazy_device("cpu", 48, 32, 700, "float32", 1, lines.append) == 1
+    assert lines[-1].startswith("FAILED"), lines
 
 
 def _bench_error(env_extra):

@@ -1,8 +1,7 @@
 """``lmmetrics bench --lazy``: metrics from hidden states and an output head
 (lazy logits) against the materialized path, in time and peak memory.
 
-Each variant runs in a fresh process (peak RSS is a process's high-water
-mark), on the same seeded hidden states and head:
+Every variant takes the same seeded hidden states and head:
 
 - ``matmul``: ``hidden @ W.T`` alone, the logits materialized (the FLOPs
   every variant pays; the time to match);
@@ -11,7 +10,15 @@ mark), on the same seeded hidden states and head:
 - ``lazy``: ``lmmetrics.evaluate(lmmetrics.projected(hidden, W), targets)``
   (NLL, entropy and accuracy), the head applied a chunk of rows at a time.
 
-Peak memory is reported above the process's memory once its inputs exist.
+- ``lazy-nll``: ``lmmetrics.cross_entropy`` of the same lazy logits (the
+  NLL alone: what ``F.cross_entropy`` computes).
+
+On the CPU each variant runs in a fresh process and peak memory is the RSS
+above the process's memory once its inputs exist. On a CUDA device
+(:func:`bench_lazy_device`) the variants run in one process, each warmed up
+first (compiles), timed to the device's end, with the peak GPU memory above
+the inputs; there ``materialized`` gives the 16-bit logits to
+``F.cross_entropy`` as they are (it accumulates in float32 on the device).
 """
 from __future__ import annotations
 
@@ -20,9 +27,9 @@ import multiprocessing as mp
 import resource
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
-VARIANTS = ("matmul", "materialized", "lazy")
+VARIANTS = ("matmul", "materialized", "lazy", "lazy-nll")
 
 
 def _reset_peak() -> bool:
@@ -49,30 +56,45 @@ def _rss_bytes(field: str) -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _inputs(tokens: int, hidden: int, vocab: int, dtype: str, device: Any = "cpu") -> Tuple[Any, Any, Any]:
+    """Hidden states, head and targets, seeded (the same values on every device)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    dt = getattr(torch, dtype)
+    h = (torch.randn(tokens, hidden, generator=g) / math.sqrt(hidden)).to(dt).to(device)
+    w = (torch.randn(vocab, hidden, generator=g) * 2.0).to(dt).to(device)
+    t = torch.randint(0, vocab, (tokens,), generator=g).to(device)
+    return h, w, t
+
+
+def _step(name: str, h: Any, w: Any, t: Any, threads: Optional[int]) -> Callable[[], float]:
+    """One variant's work, returning its loss (the matmul: a logit)."""
+    import torch.nn.functional as F
+
+    import lmmetrics
+
+    upcast = h.device.type == "cpu"  # (torch's CPU cross_entropy of 16-bit logits: float32 first)
+    if name == "matmul":
+        return lambda: float((h @ w.T)[0, 0])
+    if name == "materialized":
+        return lambda: float(F.cross_entropy((h @ w.T).float() if upcast else h @ w.T, t))
+    if name == "lazy":
+        return lambda: lmmetrics.evaluate(lmmetrics.projected(h, w), t, num_threads=threads).loss
+    return lambda: lmmetrics.cross_entropy(lmmetrics.projected(h, w), t, num_threads=threads)
+
+
 def _variant(name: str, tokens: int, hidden: int, vocab: int, dtype: str, threads: int,
              queue: Any) -> None:
     import torch
 
-    import lmmetrics
-
     torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(0)
-    dt = getattr(torch, dtype)
-    h = (torch.randn(tokens, hidden, generator=g) / math.sqrt(hidden)).to(dt)
-    w = (torch.randn(vocab, hidden, generator=g) * 2.0).to(dt)
-    t = torch.randint(0, vocab, (tokens,), generator=g)
+    h, w, t = _inputs(tokens, hidden, vocab, dtype)
+    fn = _step(name, h, w, t, threads)
     _reset_peak()
     base = _rss_bytes("VmRSS")
     t0 = time.perf_counter()
-    if name == "matmul":
-        logits = h @ w.T
-        value = float(logits[0, 0])
-    elif name == "materialized":
-        logits = h @ w.T
-        value = float(torch.nn.functional.cross_entropy(logits.float(), t))
-    else:
-        m = lmmetrics.evaluate(lmmetrics.projected(h, w), t, num_threads=threads)
-        value = m.loss
+    value = fn()
     seconds = time.perf_counter() - t0
     queue.put((seconds, max(0, _rss_bytes("VmHWM") - base), value))
 
@@ -90,27 +112,61 @@ def run_variant(name: str, tokens: int, hidden: int, vocab: int, dtype: str, thr
 
 def bench_lazy(tokens: int = 1024, hidden: int = 2048, vocab: int = 128256, dtype: str = "float32",
                threads: int = 2, repeat: int = 2, print_fn: Callable[[str], None] = print) -> int:
-    """Print the table; returns 0 when the lazy loss matches the materialized
-    one (float32 cross-entropy) within 1e-4 relative, else 1."""
-    best: Dict[str, List[float]] = {}  # [seconds, peak bytes]
+    """The CPU table (each variant in its own process, best of ``repeat``,
+    alternated); returns 0 when the lazy losses match the materialized one
+    within 1e-4 relative, else 1."""
+    best: Dict[str, Tuple[float, Optional[int]]] = {}  # seconds, peak bytes
     values: Dict[str, float] = {}
     for _ in range(repeat):
         for name in VARIANTS:  # alternated, best of `repeat`
             s, peak, v = run_variant(name, tokens, hidden, vocab, dtype, threads)
             old = best.get(name)
-            best[name] = [min(s, old[0]) if old else s, float(max(peak, old[1]) if old else peak)]
+            best[name] = (min(s, old[0]), max(peak, old[1] or 0)) if old else (s, peak)
             values[name] = v
+    return _table(best, values, f"{threads} threads", tokens, hidden, vocab, dtype, print_fn)
+
+
+def bench_lazy_device(device: Any, tokens: int = 8192, hidden: int = 2048, vocab: int = 128256,
+                      dtype: str = "bfloat16", repeat: int = 3, print_fn: Callable[[str], None] = print) -> int:
+    """The table on a torch device (CUDA; a CPU device takes the same steps,
+    for tests): the variants in this process, each warmed up, best of
+    ``repeat`` timed to the device's end, peak GPU memory above the inputs
+    (none off CUDA). Returns as :func:`bench_lazy`."""
+    import torch
+
+    from ._bench_cuda import _timer
+
+    dev = torch.device(device)
+    h, w, t = _inputs(tokens, hidden, vocab, dtype, dev)
+    measure = _timer(dev, repeat)
+    best: Dict[str, Tuple[float, Optional[int]]] = {}
+    values: Dict[str, float] = {}
+    for name in VARIANTS:
+        fn = _step(name, h, w, t, None)
+        values[name] = fn()
+        best[name] = measure(fn)
+        del fn
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    return _table(best, values, where, tokens, hidden, vocab, dtype, print_fn)
+
+
+def _table(best: Dict[str, Tuple[float, Optional[int]]], values: Dict[str, float], where: str, tokens: int,
+           hidden: int, vocab: int, dtype: str, print_fn: Callable[[str], None]) -> int:
     logits_gib = tokens * vocab * 4 / 2**30
     print_fn(f"lazy logits: {tokens} x {hidden} hidden states, a {vocab} x {hidden} head, {dtype}, "
-             f"{threads} threads (the logits would be {logits_gib:.2f} GiB in float32)")
-    print_fn(f"{'variant':<14}{'seconds':>10}{'x matmul':>10}{'peak extra':>14}")
+             f"{where} (the logits would be {logits_gib:.2f} GiB in float32)")
+    print_fn(f"{'variant':<14}{'seconds':>10}{'x matmul':>10}{'x materialized':>16}{'peak extra':>14}")
     for name in VARIANTS:
-        secs, peak_bytes = best[name]
-        print_fn(f"{name:<14}{secs:>10.3f}{secs / best['matmul'][0]:>10.3f}{peak_bytes / 2**20:>11.0f} MiB")
-    saved = (best["materialized"][1] - best["lazy"][1]) / 2.0**30
-    print_fn(f"memory saved by lazy logits: {saved:.2f} GiB; loss lazy {values['lazy']:.6f}, "
-             f"materialized {values['materialized']:.6f}")
-    ok = abs(values["lazy"] - values["materialized"]) <= 1e-4 * abs(values["materialized"])
+        secs, peak = best[name]
+        mib = f"{peak / 2**20:>11.0f} MiB" if peak is not None else f"{'-':>11} MiB"
+        print_fn(f"{name:<14}{secs:>10.3f}{secs / best['matmul'][0]:>10.3f}"
+                 f"{secs / best['materialized'][0]:>16.3f}{mib}")
+    lazy_peak, mat_peak = best["lazy"][1], best["materialized"][1]
+    if lazy_peak is not None and mat_peak is not None:
+        print_fn(f"memory saved by lazy logits: {(mat_peak - lazy_peak) / 2.0**30:.2f} GiB")
+    mat = values["materialized"]
+    print_fn(f"loss lazy {values['lazy']:.6f}, lazy-nll {values['lazy-nll']:.6f}, materialized {mat:.6f}")
+    ok = all(abs(values[k] - mat) <= 1e-4 * abs(mat) for k in ("lazy", "lazy-nll"))
     if not ok:
-        print_fn("FAILED: the lazy loss differs from the materialized one")
+        print_fn("FAILED: a lazy loss differs from the materialized one")
     return 0 if ok else 1

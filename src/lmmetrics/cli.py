@@ -49,15 +49,24 @@ def _demo(_args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.lazy:
-        if args.device == "cuda" or args.compile or args.dtype == "float16":
-            raise InputError("--lazy times the CPU (torch) matmul in float32, bfloat16 or float64; "
-                             "it takes no --device cuda, --compile or float16")
+        if args.compile:
+            raise InputError("--lazy takes no --compile")
+        if args.device == "cpu" and args.dtype == "float16":
+            raise InputError("--lazy times the CPU (torch) matmul in float32, bfloat16 or float64 "
+                             "(float16 with --device cuda)")
         import importlib.util
 
         if importlib.util.find_spec("torch") is None:
             raise InputError("--lazy needs torch (pip install torch)")
-        from ._bench_lazy import bench_lazy
+        from ._bench_lazy import bench_lazy, bench_lazy_device
 
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise InputError("--device cuda, but torch sees no CUDA device")
+            return bench_lazy_device("cuda", args.tokens, args.hidden, args.vocab, args.dtype or "bfloat16",
+                                     args.repeat)
         return bench_lazy(args.tokens, args.hidden, args.vocab, args.dtype or "float32",
                           args.threads or _core.max_threads(), min(args.repeat, 3))
     if args.device == "cuda":
@@ -636,6 +645,7 @@ examples:
   lmmetrics bench --device cuda                    needs torch and triton, and a GPU
   lmmetrics bench --lazy --tokens 1024             metrics from hidden states and a head (d 2048)
                                                    against the logits materialized: time, peak memory
+  lmmetrics bench --lazy --device cuda --tokens 8192   the same on a GPU (bfloat16)
 """
 
 
@@ -733,8 +743,9 @@ def _parser() -> argparse.ArgumentParser:
                         "and triton) against a read-only pass and F.cross_entropy")
     b.add_argument("--lazy", action="store_true",
                    help="lmmetrics.projected(hidden, head) against the matmul alone and the logits "
-                        "materialized + F.cross_entropy: seconds and peak memory, each in its own "
-                        "process (needs torch; --repeat at most 3)")
+                        "materialized + F.cross_entropy: seconds and peak memory (needs torch; CPU: "
+                        "float32 by default, each variant in its own process, --repeat at most 3; "
+                        "--device cuda: bfloat16 by default, peak GPU memory)")
     b.add_argument("--hidden", type=_positive_int, default=2048,
                    help="--lazy: the hidden size (default 2048)")
     return parser
