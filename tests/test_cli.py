@@ -258,10 +258,10 @@ def test_bench_lazy_on_a_device(monkeypatch):
     assert _bench_lazy.bench_lazy_device("cpu", 48, 32, 700, "float32", 1, lines.append) == 0
     out = "\n".join(lines)
     rows = {line.split()[0]: line.split() for line in lines if line.split()}
-    for name in ("matmul", "materialized", "lazy", "lazy-nll"):
+    for name in ("matmul", "materialized", "lazy", "lazy-nll", "lazy-rows"):
         assert rows[name][-2:] == ["-", "MiB"] and float(rows[name][1]) > 0, out
     assert "48 x 32 hidden states, a 700 x 32 head, float32, cpu" in out
-    assert len(calls) >= 2 * 2, calls  # both lazy variants, warmed up and timed, took the CUDA path
+    assert len(calls) >= 3 * 2, calls  # the lazy variants, warmed up and timed, took the CUDA path
     # a wrong lazy loss fails the check
     real = _bench_lazy._step
     monkeypatch.setattr(_bench_lazy, "_step", lambda name, *a: (lambda: 1.0) if name == "lazy-nll"
