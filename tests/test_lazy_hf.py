@@ -108,10 +108,111 @@ def test_an_architecture_the_head_does_not_explain_is_refused():
     with torch.no_grad():
         m.get_output_embeddings().weight.mul_(8.0)
     ids = torch.randint(0, V, (2, 12))
-    with pytest.raises(ValueError, match="_Doubled's body and head differ from the model's own"):
+    with pytest.raises(ValueError, match="_Doubled transforms its head's output in a way lmmetrics does not know"):
         lmmetrics.model_logits(m, ids)
     lazy = lmmetrics.model_logits(m, ids, check=False)  # the caller's word
     assert lazy.shape == (2, 12, V)
     with pytest.raises(TypeError, match="LlamaModel has no output head"):
         lmmetrics.model_logits(T.LlamaModel(T.LlamaConfig(**COMMON)), ids)
     assert math.isfinite(lmmetrics.perplexity(lazy, ids, shift=True))
+
+
+class _Capped(T.LlamaForCausalLM):
+    """A soft cap of 30 in its forward: in the model's dtype, or (upcast=True,
+    as Beam does) after .float(); the config may name it or not."""
+
+    upcast = False
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        z = out.logits.float() if self.upcast else out.logits
+        out.logits = torch.tanh(z / 30.0) * 30.0
+        return out
+
+
+def _bf16(m, top=8.0):
+    """m in bfloat16, its head scaled so that its largest logit is about top
+    (a trained model's range, where a soft cap of 30 moves logits by
+    less than 4% and a loose check would let it pass)."""
+    ids = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        m.get_output_embeddings().weight.mul_(top / float(m(ids).logits.abs().max()))
+    return m.to(torch.bfloat16), ids
+
+
+def _same_metrics(m, ids, **kw):
+    with torch.no_grad():
+        full = m(ids).logits
+        lazy = lmmetrics.model_logits(m, ids, **kw)
+    assert lazy.dtype == str(full.dtype).replace("torch.", "")
+    np.testing.assert_array_equal(lmmetrics.token_nll(lazy, ids, shift=True).numpy(),
+                                  lmmetrics.token_nll(full, ids, shift=True).numpy())
+    return lazy
+
+
+@pytest.mark.parametrize("upcast", [False, True], ids=["bf16-cap", "float32-cap"])
+def test_a_soft_cap_the_model_applies_is_found_or_refused_in_bfloat16(upcast):
+    """A soft cap in the forward of a bfloat16 model with logits up to ~8:
+    named by the config (RecurrentGemma's logits_soft_cap), the lazy
+    logits are the model's to the bit, in its logits' dtype (float32 when
+    it upcasts first, as Beam); not named, it is refused (the probe's head
+    outputs up to 1000 show the cap), never scored as uncapped."""
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(**COMMON)
+    cfg.logits_soft_cap = 30.0
+    m = _Capped(cfg).eval()
+    m.upcast = upcast
+    m, ids = _bf16(m)
+    _same_metrics(m, ids)
+    del m.config.logits_soft_cap
+    with pytest.raises(ValueError, match="_Capped transforms its head's output in a way lmmetrics does not know"):
+        lmmetrics.model_logits(m, ids)
+
+
+def test_factors_the_config_names_are_applied_only_when_the_model_does():
+    """Granite divides its logits by logits_scaling (bfloat16: the bits of
+    the model's own logits); Llama ignores a logit_scale left in its
+    config (as MPT does), and so do the lazy logits."""
+    torch.manual_seed(0)
+    g, ids = _bf16(T.GraniteForCausalLM(T.GraniteConfig(**COMMON, logits_scaling=4.0)).eval())
+    lazy = _same_metrics(g, ids)
+    assert lazy.scale == 0.25
+    cfg = T.LlamaConfig(**COMMON)
+    cfg.logit_scale = 4.0
+    torch.manual_seed(0)
+    assert _same_metrics(T.LlamaForCausalLM(cfg).eval(), ids).scale == 1.0
+
+
+def test_a_model_under_autocast():
+    """A float32 model run under torch.autocast (bfloat16 on the CPU): its
+    head ran in bfloat16, and so do the lazy logits, whether the metric is
+    computed inside the autocast block or after it."""
+    torch.manual_seed(0)
+    m = T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).eval()
+    ids = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = m(ids).logits
+        lazy = lmmetrics.model_logits(m, ids)
+        inside = lmmetrics.token_nll(lazy, ids, shift=True)
+    assert full.dtype == torch.bfloat16 and lazy.dtype == "bfloat16"
+    want = lmmetrics.token_nll(full, ids, shift=True).numpy()
+    np.testing.assert_array_equal(inside.numpy(), want)
+    np.testing.assert_array_equal(lmmetrics.token_nll(lazy, ids, shift=True).numpy(), want)
+
+
+def test_the_head_input_is_the_models_own():
+    """The hidden states are what the model's forward hands its head (the
+    forward stopped there), not a guess at its body: a cast between body
+    and head (Mamba in bfloat16), a projection (OPT's project_out), a RoPE
+    whose frequencies depend on the length (Phi-3 longrope on a text past
+    its original context, where the check's short prefix runs otherwise)."""
+    torch.manual_seed(0)
+    opt = T.OPTForCausalLM(T.OPTConfig(vocab_size=V, hidden_size=32, word_embed_proj_dim=16, ffn_dim=64,
+                                       num_hidden_layers=2, num_attention_heads=4)).eval()
+    ids = torch.randint(3, V, (2, 40), generator=torch.Generator().manual_seed(5))
+    _same_metrics(opt, ids)
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [4.0] * 4, "rope_theta": 10000.0}
+    phi = T.Phi3ForCausalLM(T.Phi3Config(**COMMON, max_position_embeddings=64, original_max_position_embeddings=16,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=1,
+                                         rope_parameters=rope)).eval()
+    _same_metrics(phi, ids)

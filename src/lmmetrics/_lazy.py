@@ -12,7 +12,7 @@ own forward before it is used.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -43,7 +43,8 @@ class Projected:
     never computed whole. Build one with :func:`lmmetrics.projected`."""
 
     def __init__(self, hidden: Any, weight: Any, bias: Any = None, scale: float = 1.0,
-                 softcap: Optional[float] = None, chunk_bytes: Optional[int] = None) -> None:
+                 softcap: Optional[float] = None, chunk_bytes: Optional[int] = None,
+                 _autocast: Any = None, _out_dtype: Any = None) -> None:
         torch_in = [_is_torch(x) for x in (hidden, weight, bias) if x is not None]
         if any(torch_in) and not all(torch_in):
             raise TypeError("projected: hidden, weight and bias must all be torch tensors or all numpy arrays")
@@ -57,7 +58,7 @@ class Projected:
         else:
             hidden, weight = hidden.detach(), weight.detach()
             bias = None if bias is None else bias.detach()
-            if any(x.dtype != hidden.dtype for x in (weight, bias) if x is not None):
+            if _autocast is None and any(x.dtype != hidden.dtype for x in (weight, bias) if x is not None):
                 raise TypeError(f"projected: hidden ({hidden.dtype}), weight ({weight.dtype})"
                                 f"{'' if bias is None else f' and bias ({bias.dtype})'} must share one dtype "
                                 f"for torch's matmul")
@@ -95,6 +96,11 @@ class Projected:
                                                                                               chunk_bytes)
         self.is_torch: bool = bool(torch_in[0])
         self.from_model = False  # model_logits(): shift must be said
+        # model_logits(): the autocast (device type, dtype) the model's head
+        # ran under, and its logits' dtype when the model changes it after
+        # the head (Beam, Mamba: .float()); None: the head's own
+        self.autocast: Optional[Tuple[str, Any]] = _autocast
+        self.out_dtype: Any = _out_dtype
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -105,11 +111,17 @@ class Projected:
     def ndim(self) -> int:
         return len(self.shape)
 
+    def _torch_dtype(self) -> Any:
+        if self.out_dtype is not None:
+            return self.out_dtype
+        return self.autocast[1] if self.autocast else self.hidden.dtype
+
     @property
     def dtype(self) -> str:
-        """The logits' dtype name: the matmul's result dtype."""
+        """The logits' dtype name: the matmul's result dtype (or the model's
+        logits' for :func:`model_logits`)."""
         if self.is_torch:
-            return _dtype_name(self.hidden)
+            return str(self._torch_dtype()).replace("torch.", "")
         return str(np.result_type(self.hidden, self.weight))
 
     @property
@@ -119,7 +131,11 @@ class Projected:
 
     @property
     def itemsize(self) -> int:
-        return int(self.hidden.element_size()) if self.is_torch else np.dtype(self.dtype).itemsize
+        if self.is_torch:
+            import torch
+
+            return int(torch.finfo(self._torch_dtype()).bits // 8)
+        return np.dtype(self.dtype).itemsize
 
     def __repr__(self) -> str:
         extra = "".join([", bias" if self.bias is not None else "",
@@ -155,12 +171,10 @@ class Projected:
                 h = self.hidden.reshape(-1, self.hidden.shape[-1]).index_select(0, sel)
             else:
                 h = self.hidden[tuple(to_device(k, self.hidden.device) for k in np.unravel_index(index, lead))]
-            z = torch.nn.functional.linear(h, w, b)
-            if self.scale != 1.0:
-                z.mul_(self.scale)
-            for c in caps:
-                z = torch.tanh(z.div_(c)).mul_(c)
-            return z
+            dev = h.device.type
+            with torch.autocast(dev, dtype=self.autocast[1] if self.autocast else None, enabled=bool(self.autocast)):
+                z = torch.nn.functional.linear(h, w, b)
+            return _finish(z, self.out_dtype, self.scale, caps)
         h = self.hidden.reshape(-1, self.hidden.shape[-1])[index] if len(lead) <= 1 else \
             self.hidden[np.unravel_index(index, lead)]
         z = h @ w.T
@@ -173,6 +187,22 @@ class Projected:
             np.tanh(z, out=z)
             z *= c
         return z
+
+
+def _finish(z: torch.Tensor, out_dtype: Any, scale: float, caps: List[float]) -> torch.Tensor:
+    """The head's output z (a fresh tensor) made logits: in out_dtype (the
+    model's logits' dtype; None: z's), times scale, soft-capped by each cap
+    (the order of the models' own code: Gemma 2, Cohere, Beam's .float()
+    first)."""
+    import torch
+
+    if out_dtype is not None and z.dtype != out_dtype:
+        z = z.to(out_dtype)
+    if scale != 1.0:
+        z.mul_(scale)
+    for c in caps:
+        z = torch.tanh(z.div_(c)).mul_(c)
+    return z
 
 
 def _TORCH_FLOATS() -> Tuple[Any, ...]:
@@ -229,6 +259,18 @@ def projected(hidden: Any, weight: Any, bias: Any = None, scale: float = 1.0, so
 
 # ------------------------------------------------------------ from a model
 
+# Config attributes of the transforms causal LMs apply to their head's
+# output: factors (as the value, or as its inverse: both conventions exist,
+# logits * s and logits / s) and soft caps. Which of them the model applies
+# is decided by the model's own forward (the check), never by the name alone.
+_FACTORS = ("logit_scale", "logits_scaling", "output_multiplier", "lm_head_multiplier")
+_SOFTCAPS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+# The probe's magnitudes: a head output spanning these shows any elementwise
+# transform of the model's (a factor at every value, a soft cap at the large
+# ones, an offset at the small ones).
+_PROBE_AMPLITUDES = (0.01, 0.3, 2.0, 8.0, 30.0, 120.0, 1000.0)
+
+
 def _config_value(model: Any, name: str) -> Any:
     config = getattr(model, "config", None)
     value = getattr(config, name, None)
@@ -237,26 +279,113 @@ def _config_value(model: Any, name: str) -> Any:
     return value
 
 
+def _number(v: Any) -> Optional[float]:
+    """v as a finite non-zero float, else None (strings such as MPT's
+    "inv_sqrt_d_model", booleans, None)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) and f != 0 else None
+
+
+def _transforms(model: Any) -> List[Tuple[float, Optional[float]]]:
+    """The (factor, soft cap) pairs the model's config allows, the config's
+    reading first (Granite divides by logits_scaling), no transform last."""
+    factors: List[float] = []
+    for name in _FACTORS:
+        v = _number(_config_value(model, name))
+        if v is not None and v != 1.0:
+            factors += [1.0 / v, v] if name == "logits_scaling" else [v, 1.0 / v]
+    caps: List[Optional[float]] = []
+    for name in _SOFTCAPS:
+        c = _number(_config_value(model, name))
+        if c is not None and c > 0:
+            caps.append(c)
+    return [(f, c) for c in list(dict.fromkeys(caps)) + [None] for f in list(dict.fromkeys(factors)) + [1.0]]
+
+
+class _HeadReached(BaseException):
+    """Raised by the hook on the head: the model's forward stops there (its
+    logits are never computed). BaseException: no model code catches it."""
+
+
+def _run(model: Any, head: Any, ids: Any, mask: Any, stop: bool = False, replace: Any = None) -> Tuple[Any, Any, Any]:
+    """The model's forward on ids: (the head's input, the head's output, the
+    model's logits). stop: end the forward at the head (only its input is
+    returned); replace(output): the tensor the head hands on instead."""
+    import torch
+
+    seen: List[Any] = []
+
+    def before(module: Any, args: Any, kwargs: Any) -> None:
+        seen.append(args[0] if args else next(iter(kwargs.values()), None))
+        if stop:
+            raise _HeadReached
+
+    def after(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        seen.append(output)
+        return None if replace is None else replace(output)
+
+    hooks = [head.register_forward_pre_hook(before, with_kwargs=True)]
+    if not stop:
+        hooks.append(head.register_forward_hook(after, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask)
+    except _HeadReached:
+        return seen[0], None, None
+    finally:
+        for h in hooks:
+            h.remove()
+    if not seen:
+        raise TypeError(f"model_logits: {type(model).__name__}'s forward never calls its output head "
+                        f"({type(head).__name__}, get_output_embeddings()) as a module: build the logits with "
+                        f"lmmetrics.projected(hidden, weight)")
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, (tuple, list)):
+        logits = out[0]
+    return seen[0], seen[1], logits
+
+
+def _autocast_state(device_type: str) -> Optional[Tuple[str, Any]]:
+    """(device type, dtype) of the autocast active for that device, or None."""
+    import torch
+
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return device_type, torch.get_autocast_dtype(device_type)
+    except (TypeError, RuntimeError):  # a device type autocast does not know
+        pass
+    return None
+
+
 def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, check: bool = True,
                  check_positions: int = 8, chunk_bytes: Optional[int] = None) -> Projected:
     """Lazy logits of a Hugging Face causal LM on ``input_ids``: the model's
-    body runs once, the head is applied a chunk of rows at a time by the
+    forward runs once, up to its output head (which it never calls on the
+    whole input); the head is applied a chunk of rows at a time by the
     metric that reads them.
 
     Parameters
     ----------
     model : transformers PreTrainedModel
-        A causal LM with an output head (``get_output_embeddings()``) and a
-        body (``get_decoder()`` or ``base_model``).
+        A causal LM whose forward calls its output head
+        (``get_output_embeddings()``) as a module.
     input_ids : torch.Tensor (B, T)
         Token ids, on the model's device.
     attention_mask : torch.Tensor (B, T), optional
         As the model takes it.
     check : bool
-        Compare these logits with the model's own forward on the first
-        ``check_positions`` attended positions of the first sequence before
-        returning (default): a model whose head this function does not
-        understand is an error, never a wrong number.
+        Before returning (default), run the model's own forward on the
+        first ``check_positions`` attended positions of the first sequence
+        twice: once as it is, and once with the head's output replaced by
+        known values from 0.01 to 1000 in magnitude, which shows what the
+        model does to its head's output (a factor, a soft cap, a change of
+        dtype). The transform is taken from the config's attributes that
+        the probe confirms (``logit_scale``, ``logits_scaling``,
+        ``final_logit_softcapping``, ...); a model none of them explains,
+        or whose logits then still differ from these, is an error naming
+        its class, never a wrong number.
     check_positions : int
         How many positions the check compares.
     chunk_bytes : int, optional
@@ -265,14 +394,14 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
     Returns
     -------
     Projected
-        The model's logits, lazily: ``hidden @ W.T (+ bias)``, times
-        ``config.logit_scale`` (Cohere), soft-capped by
-        ``config.final_logit_softcapping`` (Gemma 2/3).
+        The model's logits, lazily: the head's input, weight and bias, and
+        the factor, soft cap and logits dtype the check found (under
+        ``torch.autocast``, the head is applied under the same autocast).
 
     Raises
     ------
     TypeError
-        The model has no output head or body this function can find.
+        The model has no output head, or its forward does not call it.
     ValueError
         The lazy logits disagree with the model's own logits (an
         architecture with an output transform this function does not know).
@@ -297,54 +426,118 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
     name = type(model).__name__
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not isinstance(head, torch.nn.Module):
         raise TypeError(f"model_logits: {name} has no output head with a 2-D weight "
                         f"(get_output_embeddings() gave {type(head).__name__}): pass a causal LM "
                         f"(...ForCausalLM), or build the logits with lmmetrics.projected(hidden, weight)")
-    body = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if body is None or body is model:
-        body = getattr(model, "base_model", None)
-    if body is None or body is model:
-        raise TypeError(f"model_logits: {name} has no body to run apart from its head "
-                        f"(get_decoder() / base_model)")
     bias = getattr(head, "bias", None)
-    scale = _config_value(model, "logit_scale")
-    softcap = _config_value(model, "final_logit_softcapping")
+    bias = bias if isinstance(bias, torch.Tensor) else None
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 1:
         ids = ids[None]
-    with torch.no_grad():
-        out = body(input_ids=ids, attention_mask=attention_mask)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    lazy = Projected(hidden, weight, bias if isinstance(bias, torch.Tensor) else None,
-                     1.0 if scale is None else float(scale), softcap, chunk_bytes)
-    lazy.from_model = True
+    mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=ids.device)
+    if mask is not None and mask.dim() == 1:
+        mask = mask[None]
+    autocast = _autocast_state(weight.device.type)
+    transforms = _transforms(model)
+    factor, cap = transforms[0]
+    out_dtype = None
     if check:
-        _check_against_forward(model, name, lazy, ids, attention_mask, check_positive_int(
-            "check_positions", check_positions))
+        factor, cap, out_dtype = _check_against_forward(model, name, head, weight, bias, ids, mask, transforms,
+                                                        autocast, check_positive_int("check_positions",
+                                                                                     check_positions))
+    hidden = _run(model, head, ids, mask, stop=True)[0]
+    if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape[:-1]) != tuple(ids.shape):
+        raise TypeError(f"model_logits: {name}'s head receives "
+                        f"{tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__}, "
+                        f"not one hidden state a position of input_ids {tuple(ids.shape)}")
+    lazy = Projected(hidden, weight, bias, factor, cap, chunk_bytes, _autocast=autocast, _out_dtype=out_dtype)
+    lazy.from_model = True
     return lazy
 
 
-def _check_against_forward(model: Any, name: str, lazy: Projected, ids: torch.Tensor, attention_mask: Any,
-                           k: int) -> None:
-    """The lazy logits of the first sequence's first k attended positions
-    against the model's own forward on that prefix."""
+def _probe_values(out: torch.Tensor) -> torch.Tensor:
+    """Values in out's shape and dtype (exact in it), every magnitude of
+    _PROBE_AMPLITUDES in every row and, given rows enough, every column:
+    +-(0.1 .. 1) times an amplitude."""
     import torch
 
-    mask = None if attention_mask is None else torch.as_tensor(attention_mask)[:1]
-    first = 0 if mask is None or not bool(mask.any()) else int(torch.nonzero(mask[0])[0, 0])
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(out.shape, generator=g, dtype=torch.float64) * 0.9 + 0.1
+    u = torch.where(torch.rand(out.shape, generator=g) < 0.5, -u, u)
+    rows = torch.arange(out.shape[-2])[:, None]
+    cols = torch.arange(out.shape[-1])[None, :]
+    amp = torch.tensor(_PROBE_AMPLITUDES, dtype=torch.float64)[(rows + cols) % len(_PROBE_AMPLITUDES)]
+    return (u * amp).to(out.dtype).to(out.device)
+
+
+def _disagreement(want: torch.Tensor, got: torch.Tensor, eps: float, floor: float) -> Optional[str]:
+    """None when got matches want (elementwise within 4 eps of their size
+    plus floor, infinities equal, no NaN; and no common factor beyond
+    rounding's: a least-squares relative factor within eps / 4), else what
+    differs."""
+    import torch
+
+    w, g = want.double(), got.double()
+    fin = torch.isfinite(w) & torch.isfinite(g)
+    same = (w == g) & ~fin
+    d = torch.where(fin, (w - g).abs(), 0.0)
+    tol = 4 * eps * torch.maximum(w.abs(), g.abs()) + floor
+    if not bool(((fin & (d <= tol)) | same).all()):
+        worst = float(torch.where(fin, d, math.inf).max()) if not bool(fin.all()) else float(d.max())
+        return f"by up to {worst:.3g}"
+    gg = torch.where(fin, g, 0.0)
+    denom = float((gg * gg).sum())
+    factor = float((torch.where(fin, w - g, 0.0) * gg).sum()) / denom if denom > 0 else 0.0
+    if abs(factor) > eps / 4 + 2.0**-23:
+        return f"by a factor of {1 + factor:.6g}"
+    return None
+
+
+def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: Any, ids: torch.Tensor,
+                           mask: Any, transforms: List[Tuple[float, Optional[float]]],
+                           autocast: Optional[Tuple[str, Any]], k: int) -> Tuple[float, Optional[float], Any]:
+    """The transform (factor, soft cap, logits dtype) the model applies to
+    its head's output, found by the model's forward on the first sequence's
+    first k attended positions with the head's output replaced by probe
+    values; then the lazy logits of those positions against the model's own
+    logits there, from the same head input. Raises ValueError naming the
+    model when either differs."""
+    import torch
+
+    m1 = None if mask is None else mask[:1]
+    first = 0 if m1 is None or not bool(m1.any()) else int(torch.nonzero(m1[0])[0, 0])
     end = min(ids.shape[1], first + k)
-    if end <= first:
-        return
-    with torch.no_grad():
-        want = model(input_ids=ids[:1, :end], attention_mask=None if mask is None else mask[:, :end]).logits
-    want = want[0, first:end].double()
-    got = lazy.rows(np.arange(first, end, dtype=np.int64)).double()
-    tol = (1e-4 if lazy.hidden.dtype in (torch.float32, torch.float64) else 3e-2) * (1.0 + float(want.abs().max()))
-    err = float((got - want).abs().max())
-    if not err <= tol:
+    pids, pmask = ids[:1, :end], None if m1 is None else m1[:, :end]
+    h, raw, want = _run(model, head, pids, pmask)
+    hint = (" (the model is in training mode: call model.eval(), dropout makes every forward differ)"
+            if getattr(model, "training", False) else "")
+    if not isinstance(raw, torch.Tensor) or not isinstance(want, torch.Tensor) or want.shape != raw.shape:
+        raise ValueError(f"model_logits: {name}'s logits are not its head's output, transformed element by "
+                         f"element (head output {getattr(raw, 'shape', None)}, logits "
+                         f"{getattr(want, 'shape', None)}): use model(input_ids).logits")
+    probe = _probe_values(raw)
+    seen = _run(model, head, pids, pmask, replace=lambda out: probe.clone())[2]
+    out_dtype = want.dtype
+    eps = max(torch.finfo(raw.dtype).eps, torch.finfo(out_dtype).eps)
+    for factor, cap in transforms:
+        if _disagreement(seen, _finish(probe.clone(), out_dtype, factor, [cap] if cap else []), eps, 1e-30) is None:
+            break
+    else:
         raise ValueError(
-            f"model_logits: the logits built from {name}'s body and head differ from the model's own "
-            f"by up to {err:.3g} (tolerance {tol:.3g}) on its first positions: this architecture transforms "
-            f"its logits in a way lmmetrics does not know. Use model(input_ids).logits, or build them with "
+            f"model_logits: {name} transforms its head's output in a way lmmetrics does not know (none of a "
+            f"factor or a soft cap from its config explains its logits){hint}. Use model(input_ids).logits, or "
+            f"build the logits with lmmetrics.projected(hidden, weight, bias, scale, softcap)")
+    rows = np.arange(first, end, dtype=np.int64)
+    got = Projected(h[0], weight, bias, factor, cap, _autocast=autocast, _out_dtype=out_dtype).rows(rows)
+    w = want[0, first:end]
+    big = float(w.double().abs().max()) if w.numel() else 0.0
+    floor = (1e-4 * (1.0 + big)) if eps < 1e-6 else 2 * eps * big
+    why = _disagreement(w, got, eps, floor)
+    if why is not None:
+        raise ValueError(
+            f"model_logits: the logits built from {name}'s head input and head differ from the model's own "
+            f"{why} on its first positions{hint}: this architecture computes its logits in a way lmmetrics "
+            f"does not know. Use model(input_ids).logits, or build them with "
             f"lmmetrics.projected(hidden, weight, bias, scale, softcap)")
+    return factor, cap, (out_dtype if out_dtype != raw.dtype else None)
