@@ -464,3 +464,97 @@ def test_lazy_vocabulary_blocks_in_every_dtype(dev, dtype):
         else:
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
     assert got.nll_sum == pytest.approx(want.nll_sum, rel=1e-8)
+
+
+def _mask_at_block_starts(d, mask):
+    """Lazy logits and reference with a finite mask (a bias on token 0 and
+    every block's first column) split into vocabulary blocks, on device d,
+    against the native core on the materialized logits."""
+    g = torch.Generator().manual_seed(9)
+    V, block = 2000, 500
+    h = torch.randn(2, 20, 16, generator=g)
+    w = torch.randn(V, 16, generator=g) * 0.5
+    b = torch.zeros(V)
+    b[::block] = mask
+    t = torch.randint(0, V, (2, 20), generator=g)
+    t[0, :3] = torch.tensor([0, 500, 1000])  # targets at the masks too
+    ask = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True)
+    budget = 4 * block * 8
+    lazy = lmmetrics.projected(h.to(d), w.to(d), b.to(d), chunk_bytes=budget)
+    lazy_ref = lmmetrics.projected((h * 0.9).to(d), w.to(d), b.to(d), chunk_bytes=budget)
+    takes = []
+    take = _chunked._take_rows
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_chunked, "_take_rows", lambda *a: takes.append(a[3]) or take(*a))
+        got = _engine.run(lazy, t.numpy(), lazy_ref, **ask)
+    assert any(c is not None and c.stop - c.start <= block for c in takes)  # vocabulary blocks
+    z, r = (h @ w.T + b).numpy(), ((h * 0.9) @ w.T + b).numpy()
+    want = _engine.run(z, t.numpy(), r, **ask)
+    _same_outputs(got, want)
+    assert 1e3 < got.nll[0] < math.inf  # the target at a mask: its own NLL, finite
+
+
+_MASKS = pytest.mark.parametrize("mask", [-1e4, -1e9, float(np.finfo(np.float32).min)], ids=["-1e4", "-1e9", "fmin"])
+
+
+@_MASKS
+def test_lazy_vocabulary_blocks_with_a_mask_at_a_block_start(dev, monkeypatch, mask):
+    """A finite mask far below a row's max (a bias of -1e9 on token 0) at
+    the first column of a vocabulary block, in the logits and in the
+    reference: each block's logsumexp is taken from its own largest logit
+    (the reference's: its NLL there), so the NLL, entropy, top
+    log-probability, KL and reference NLL are the native core's on the
+    materialized logits (a fixed first column cancelled them ~1 nat off)."""
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    _mask_at_block_starts(dev, mask)
+
+
+@_MASKS
+def test_host_vocabulary_blocks_with_a_mask_at_a_block_start(mask):
+    """The same on the host (the native core on each tile)."""
+    _mask_at_block_starts(torch.device("cpu"), mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_target_far_below_its_row_max(dev, monkeypatch, dtype):
+    """A target 6e38 below its row's max (-3e38 in a row of 3e38): its NLL
+    is finite in float64, as the native core gives it; the exact path
+    works in float64 (in float32 the difference was -inf, the NLL inf),
+    with a reference too (KL: the exact path for the Triton kernel)."""
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    z = torch.full((3, 8), 3e38)
+    z[0, 1] = z[2, 3] = -3e38
+    z[1, 2] = 1e38
+    t = torch.tensor([1, 0, 3])
+    z = z.to(dtype)
+    zn = z.float().numpy()
+    for ref in (None, z):
+        got = _engine.run(z.to(dev), t.numpy(), None if ref is None else ref.to(dev), nll=True, entropy=True,
+                          kl=ref is not None, ref_nll=ref is not None)
+        want = _engine.run(zn, t.numpy(), None if ref is None else zn, nll=True, entropy=True, kl=ref is not None,
+                           ref_nll=ref is not None)
+        assert np.isfinite(got.nll).all() and got.nll[0] > 5e38
+        _same_outputs(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_a_metric_softcap_on_vocabulary_blocks(dev, dtype):
+    """softcap= on lazy logits split into vocabulary blocks: capped in
+    float32 (float64 for float64 logits), as whole rows are, not in the
+    logits' 16-bit dtype (0.11 nats off at V = 256000) or in float32 for
+    float64 (KL 1e-7 off)."""
+    g = torch.Generator().manual_seed(4)
+    V = 3000
+    h = torch.randn(2, 12, 16, generator=g).to(dtype)
+    w = (torch.randn(V, 16, generator=g) * 3).to(dtype)
+    r = (torch.randn(2, 12, V, generator=g) * 20).to(dtype)
+    t = torch.randint(0, V, (2, 12), generator=g)
+    ask = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True)
+    lazy = lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=4 * 700 * 2 * h.element_size())
+    got = _engine.run(lazy, t.numpy(), r.to(dev), softcap=30.0, **ask)
+    z = lazy.rows(np.arange(24)).cpu()
+    z, rn = (x.double().numpy() for x in (z, r.reshape(24, V)))
+    want = _engine.run(np.tanh(z / 30) * 30, t.numpy().reshape(-1), np.tanh(rn / 30) * 30, **ask)
+    tol = 1e-10 if dtype == torch.float64 else 2e-5  # (the torch path's accuracy: its docstring)
+    for name in ("nll", "entropy", "kl", "ref_nll"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=tol, atol=tol, err_msg=name)

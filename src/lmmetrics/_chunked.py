@@ -5,8 +5,9 @@ the counted rows (every row without targets) in chunks whose logits fit the
 budget, each chunk computed (:meth:`lmmetrics._lazy.Projected.rows`), read
 and dropped. Where whole rows do not fit the budget 2048 at a time, a chunk
 is cut into tiles of rows x a vocabulary block, and the blocks' results are
-merged exactly in float64: each block's logsumexp is its NLL at the block's
-first column plus that logit, the entropy is the mixture's, the KL weights
+merged exactly in float64: each block's logsumexp is its largest logit
+less its top log-probability (the reference's: its NLL at its own largest
+logit, the tile's targets, plus that logit), the entropy is the mixture's, the KL weights
 each block's by the reference's share, the argmax is the first of the
 largest, the top token's log-probability the largest of the blocks' (each
 moved by its block's share of the mass), and the rank (the logits above
@@ -134,16 +135,26 @@ def _lazy_rows(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Option
                                       **want))
 
 
-def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Dict[str, bool]) -> Any:
-    """The CUDA pass over the logits z (and r) of some rows, targets t,
-    launched without waiting for the device: its result buffer
+def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Dict[str, bool],
+            on_device: Any = None) -> Any:
+    """The CUDA pass over the logits z (and r) of some rows, targets t (or
+    the targets on_device, a tensor there, every row counted), launched
+    without waiting for the device: its result buffer
     (:data:`lmmetrics._cuda.N_RESULTS` x rows, on the device)."""
     from . import _cuda
 
     c_lg = _cuda.describe(z)
     c_ref = None if r is None else _cuda.describe(r, "reference_logits")
     part = allocate(c_lg, c_ref, t, -1, check_range=False, **want)  # (its arrays stay unfilled)
-    return _cuda.launch(c_lg, c_ref, part, cap)[0]
+    return _cuda.launch(c_lg, c_ref, part, cap, on_device)[0]
+
+
+def _row_argmax(x: Any) -> Any:
+    """Per row of the tile x the column of its largest value (int64: numpy,
+    or a tensor on x's device, read by no one)."""
+    if isinstance(x, np.ndarray):
+        return np.argmax(x, axis=1).astype(np.int64)
+    return x.argmax(1)
 
 
 def _into(out: RowResults, sel: I64Array, lead: Tuple[int, ...], results: Callable[[], RowResults]) -> None:
@@ -193,9 +204,10 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
 def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
                 lead: Tuple[int, ...], block: int, cap: float, threads: int, want: Dict[str, bool],
                 on_device: Optional[List[Tuple[I64Array, Any]]] = None) -> None:
-    """Rows sel a vocabulary block at a time: each tile through ``run`` with
-    every target at the block's first column, which gives the block's
-    logsumexp (its NLL plus that logit); the blocks merged in float64. A row
+    """Rows sel a vocabulary block at a time: each tile through ``run``,
+    which gives the block's logsumexp (its largest logit less its top
+    log-probability; the reference's, its NLL at its largest logit, the
+    tile's targets, plus that logit); the blocks merged in float64. A row
     the blocks cannot certify (a block all -inf, +inf logits) is done again
     whole, alone.
 
@@ -210,8 +222,12 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     V = out.n_cols
     n = sel.size
     ref = reference is not None
-    kw = dict(nll=True, entropy=want["entropy"], argmax=want["argmax"], kl=want["kl"], ref_nll=ref,
-              top_logprob=want["top_logprob"])
+    # each block's logsumexp from its own largest logit: M_b - (its top
+    # log-probability); the reference's from its NLL at the reference's
+    # largest logit (the tile's targets), plus that logit. (From a fixed
+    # column, a logit far below the block's max, a -1e9 mask, would cancel
+    # the NLL's digits away.)
+    kw = dict(nll=True, entropy=want["entropy"], argmax=True, kl=want["kl"], ref_nll=ref, top_logprob=True)
     dev = None if on_device is None else _cuda_device(logits, reference)
     xp: Any = np
     if dev is not None:
@@ -226,15 +242,16 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     rt = _zeros(n, dev=dev)
     redo = _zeros(n, bool, dev)
     col0 = np.zeros(n, np.int64)
-    rows_n, first = (np.arange(n), col0) if dev is None else (xp.arange(n, device=dev), _zeros(n, np.int64, dev))
+    rows_n = np.arange(n) if dev is None else xp.arange(n, device=dev)
     for j in range(0, V, block):
         cols = slice(j, min(V, j + block))
         z = _take_rows(logits, sel, lead, cols, cap)
         r = None if not ref else _take_rows(reference, sel, lead, cols, cap)
+        anchor = col0 if r is None else _row_argmax(r)
         if dev is not None:  # the tile's values and flags stay on the device
             from . import _cuda
 
-            res = _launch(z, r, col0, 0.0, kw)
+            res = _launch(z, r, col0, 0.0, kw, anchor if r is not None else None)
             flags = res[_cuda.RES_FLAGS]
             # a torch chunk's F_REDO flags all its rows: its rows are
             # certified one by one, by their values (finite), as it does
@@ -246,21 +263,22 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             indices: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)].long()  # noqa: E731
         else:
             try:
-                part = run(z, col0, r, ignore_index=-1, num_threads=threads or None, **kw)
+                part = run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
             except RowError as e:
                 if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
                     raise row_error(e.status, int(sel[e.row]), lead) from None
                 _lazy_rows_alone(run, logits, reference, sel, t, out, lead, cap, threads, want)  # a block all -inf
                 return
             floats, indices = part.floats, part.indices
-        with np.errstate(invalid="ignore"):  # inf + -inf: the row is done again whole
-            blocks["lse"].append(floats("nll") + _at(z, rows_n, first, dev))
+        am = indices("argmax")
+        amv = _at(z, rows_n, am, dev)
+        with np.errstate(invalid="ignore"):  # inf - inf: the row is done again whole
+            blocks["lse"].append(amv - floats("top_logprob"))
         if want["entropy"]:
             blocks["ent"].append(floats("entropy"))
         if want["argmax"]:
-            am = indices("argmax")
             blocks["am"].append(am + j)
-            blocks["amv"].append(_at(z, rows_n, am, dev))
+            blocks["amv"].append(amv)
         if want["top_logprob"]:
             blocks["top"].append(floats("top_logprob"))
         if t is not None:
@@ -271,7 +289,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             above += _count_above(z, thr)
         if ref:
             with np.errstate(invalid="ignore"):
-                blocks["rlse"].append(floats("ref_nll") + _at(r, rows_n, first, dev))
+                blocks["rlse"].append(floats("ref_nll") + _at(r, rows_n, anchor, dev))
             if want["kl"]:
                 blocks["kl"].append(floats("kl"))
             if want["argmax"]:
@@ -477,7 +495,11 @@ def _take_rows(x: Any, rows: I64Array, lead_shape: Tuple[int, ...], cols: Option
         tile = _take_rows(x, rows, lead_shape)[:, cols]
         if not cap:
             return tile
-        return np.tanh(tile / cap) * cap if isinstance(tile, np.ndarray) else (tile.float() / cap).tanh() * cap
+        if isinstance(tile, np.ndarray):  # in float32 (float64 for float64), as the metric caps whole rows
+            return np.tanh(tile.astype(np.float64 if tile.dtype == np.float64 else np.float32) / cap) * cap
+        import torch
+
+        return (tile.to(torch.float64 if tile.dtype == torch.float64 else torch.float32) / cap).tanh() * cap
     index = np.unravel_index(rows, lead_shape) if lead_shape else (np.zeros_like(rows),)
     if is_torch(x):
         x = x.detach()

@@ -9,7 +9,7 @@ device allocated for the pass (:data:`N_RESULTS` values a row): no chunk
 waits for the device. The values asked for cross to the host once, when the
 pass ends (:func:`settle`), where the sums are taken in float64. A chunk
 where a counted row's value is not finite is done again, after that
-transfer, by the exact path (logsumexp per side). The
+transfer, by the exact path (logsumexp per side, in float64). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
 the rank counts the logits above the target's (compared as torch holds them:
 the logits' own dtype, or the capped values in float32 / float64 with a
@@ -120,16 +120,18 @@ SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
 
 
 def _side(x: torch.Tensor, cap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compute-dtype logits (capped) less their row max, the logsumexp of
-    those per row (shifted first: logsumexp of a row of -1e30 in float32
-    rounds the log of the sum away), and the rows holding NaN and all -inf.
+    """The logits (capped in the compute dtype, as the fast path caps them)
+    in float64, less their row max (in float32 a logit 3e38 below a row max
+    of 3e38 would be -inf there: the native core's float64 gives the
+    finite NLL), the logsumexp of those per row (shifted first: logsumexp
+    of a row of -1e30 rounds the log of the sum away), and the rows holding
+    NaN and all -inf.
     Rows holding +inf become 0 at the +inf entries and -inf elsewhere (equal
     shares), by arithmetic on every row: asking which rows hold +inf would
     wait for the device."""
     import torch
 
-    z = _capped(x, cap)
-    z = z if z.dtype in (torch.float32, torch.float64) else z.float()
+    z = _capped(x, cap).double()
     m = z.amax(1, keepdim=True)  # NaN where a row holds one (amax propagates NaN), else +inf where one holds +inf
     nan = torch.isnan(m[:, 0])
     # less the max, +inf too: then a row's +inf entries (inf - inf) are its
@@ -175,18 +177,20 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_i
         out.nll_sum = float(np.sum(out.nll))
 
 
-def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float
-           ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
+           targets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The pass over the CUDA tensors for the outputs out asks for, queued
     on the device (nothing waits for it): the Triton kernel where it
     applies, else torch, each chunk's per-row values and flags into one
     buffer. Returns that buffer (N_RESULTS x rows, float64, on the device)
-    and the targets on the device (-1 where a row is not counted)."""
+    and the targets on the device (-1 where a row is not counted): out's,
+    or targets (already there, every row counted: a lazy tile's)."""
     global _triton_failed
     import torch
 
     dev = lg.keep.device
-    tgt_all = None if out.targets is None else to_device(np.where(out.counted, out.targets, -1), dev)
+    tgt_all = targets if targets is not None else \
+        None if out.targets is None else to_device(np.where(out.counted, out.targets, -1), dev)
     res = torch.empty((N_RESULTS, lg.n_rows), dtype=torch.float64, device=dev)
     tri = _triton_for(lg, ref, out.rank is not None)
     if tri is not None:
@@ -214,6 +218,7 @@ def _compute_torch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, r
              else _TEMPS_NLL)
     temps += sum(_TEMPS_CAST for x in (lg, ref) if x is not None and x.dtype in ("float16", "bfloat16"))
     temps += _TEMPS_CAP if cap else 0
+    temps *= 1 if _fast(out, ref is not None) else 2  # the exact path's temporaries: float64
     step = max(1, _chunk_bytes // (lg.n_cols * 4 * temps))
     counted_all = torch.ones(lg.n_rows, dtype=torch.bool, device=lg.keep.device) if tgt_all is None else tgt_all >= 0
     for rows, zc, rc in row_chunks(lg.keep, None if ref is None else ref.keep, step):
@@ -233,8 +238,7 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     (nor does the rank; the top log-probability certifies like the NLL)."""
     import torch
 
-    if not ((out.nll is not None or out.entropy is not None or out.top_logprob is not None)
-            and (r is None or out.ref_nll is not None or out.kl is not None)):
+    if not _fast(out, r is not None):
         _chunk_exact(x, r, tgt, counted, out, res, cap)
         return
     safe = _safe_targets(tgt, counted)
@@ -272,6 +276,13 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     # a 0-dim tensor on the device, read by no one until the pass ends
     redo = (counted & ~certified).any()
     res[RES_FLAGS] = torch.where(counted & redo, float(F_REDO), 0.0)
+
+
+def _fast(out: RowResults, has_ref: bool) -> bool:
+    """Whether the fast path's values certify the rows of a pass asking for
+    out's outputs (see :func:`_chunk`)."""
+    return ((out.nll is not None or out.entropy is not None or out.top_logprob is not None)
+            and (not has_ref or out.ref_nll is not None or out.kl is not None))
 
 
 def _put(res: torch.Tensor, counted: torch.Tensor, name: str, values: torch.Tensor) -> None:
@@ -450,7 +461,7 @@ def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: Ro
     dev = lg.keep.device
     z2 = _flat(lg.keep)
     r2 = None if ref is None else _flat(ref.keep)
-    step = max(1, _chunk_bytes // (lg.n_cols * 4 * 12))
+    step = max(1, _chunk_bytes // (lg.n_cols * 8 * 12))  # float64 temporaries
     for a in range(0, idx.size, step):
         part = idx[a:a + step]
         sel = to_device(part, dev)

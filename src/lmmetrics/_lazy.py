@@ -158,11 +158,26 @@ class Projected:
         numbers, a numpy int64 array) in the vocabulary columns ``cols``,
         computed now: the only place logits exist. ``softcap`` caps them
         further (a metric's own softcap, applied here when the engine splits
-        the vocabulary)."""
+        the vocabulary: in float32, float64 for float64 logits, as the
+        metric caps whole rows)."""
+        z = self._rows(index, cols)
+        if not softcap:
+            return z
+        if self.is_torch:
+            import torch
+
+            z = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
+            return torch.tanh(z.div_(softcap)).mul_(softcap)
+        z /= softcap
+        np.tanh(z, out=z)
+        z *= softcap
+        return z
+
+    def _rows(self, index: Any, cols: slice) -> Any:
         lead = self.shape[:-1]
         w = self.weight[cols]
         b = None if self.bias is None else self.bias[cols]
-        caps = [c for c in (self.softcap, softcap or None) if c]
+        caps = [self.softcap] if self.softcap else []
         if self.is_torch:
             import torch
 
