@@ -224,7 +224,7 @@ def test_demo_info_and_bench():
 
 
 def test_bench_lazy_times_and_measures_memory():
-    """bench --lazy: a row per variant (seconds, x matmul, peak extra MiB), the
+    """bench --lazy: a row per variant (ms, x matmul, peak extra MiB), the
     memory saved, and the lazy loss checked against the materialized one
     (status 0 only when they agree); what it cannot time is a one-line
     error."""

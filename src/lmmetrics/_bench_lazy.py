@@ -91,11 +91,12 @@ def _step(name: str, h: Any, w: Any, t: Any, threads: Optional[int]) -> Callable
     def whole_rows() -> float:  # lazy-nll with rows never cut into vocabulary blocks
         from . import _chunked
 
-        old, _chunked._TILE_ROWS = _chunked._TILE_ROWS, 1
+        old = _chunked._TILE_ROWS, _chunked._TILE_ROWS_CUDA
+        _chunked._TILE_ROWS = _chunked._TILE_ROWS_CUDA = 1
         try:
             return lmmetrics.cross_entropy(lmmetrics.projected(h, w), t, num_threads=threads)
         finally:
-            _chunked._TILE_ROWS = old
+            _chunked._TILE_ROWS, _chunked._TILE_ROWS_CUDA = old
 
     return whole_rows
 
@@ -163,26 +164,29 @@ def bench_lazy_device(device: Any, tokens: int = 8192, hidden: int = 2048, vocab
         best[name] = measure(fn)
         del fn
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
-    return _table(best, values, where, tokens, hidden, vocab, dtype, print_fn)
+    # torch's cross_entropy of 16-bit logits on a device returns a 16-bit
+    # loss: the materialized value is that far from the lazy ones
+    rounding = torch.finfo(h.dtype).eps if dev.type != "cpu" and h.element_size() == 2 else 0.0
+    return _table(best, values, where, tokens, hidden, vocab, dtype, print_fn, rounding)
 
 
 def _table(best: Dict[str, Tuple[float, Optional[int]]], values: Dict[str, float], where: str, tokens: int,
-           hidden: int, vocab: int, dtype: str, print_fn: Callable[[str], None]) -> int:
+           hidden: int, vocab: int, dtype: str, print_fn: Callable[[str], None], rounding: float = 0.0) -> int:
     logits_gib = tokens * vocab * 4 / 2**30
     print_fn(f"lazy logits: {tokens} x {hidden} hidden states, a {vocab} x {hidden} head, {dtype}, "
              f"{where} (the logits would be {logits_gib:.2f} GiB in float32)")
-    print_fn(f"{'variant':<14}{'seconds':>10}{'x matmul':>10}{'x materialized':>16}{'peak extra':>14}")
+    print_fn(f"{'variant':<14}{'ms':>10}{'x matmul':>10}{'x materialized':>16}{'peak extra':>14}")
     for name in best:
         secs, peak = best[name]
         mib = f"{peak / 2**20:>11.0f} MiB" if peak is not None else f"{'-':>11} MiB"
-        print_fn(f"{name:<14}{secs:>10.3f}{secs / best['matmul'][0]:>10.3f}"
+        print_fn(f"{name:<14}{secs * 1e3:>10.3f}{secs / best['matmul'][0]:>10.3f}"
                  f"{secs / best['materialized'][0]:>16.3f}{mib}")
     lazy_peak, mat_peak = best["lazy"][1], best["materialized"][1]
     if lazy_peak is not None and mat_peak is not None:
         print_fn(f"memory saved by lazy logits: {(mat_peak - lazy_peak) / 2.0**30:.2f} GiB")
     mat = values["materialized"]
     print_fn("loss " + ", ".join(f"{k} {v:.6f}" for k, v in values.items() if k != "matmul"))
-    ok = all(abs(values[k] - mat) <= 1e-4 * abs(mat) for k in values if k.startswith("lazy"))
+    ok = all(abs(values[k] - mat) <= max(1e-4, rounding) * abs(mat) for k in values if k.startswith("lazy"))
     if not ok:
         print_fn("FAILED: a lazy loss differs from the materialized one")
     return 0 if ok else 1
