@@ -216,3 +216,118 @@ def test_the_head_input_is_the_models_own():
                                          pad_token_id=0, eos_token_id=1, bos_token_id=1,
                                          rope_parameters=rope)).eval()
     _same_metrics(phi, ids)
+
+
+class _LoraHead(torch.nn.Module):
+    """A LoRA-style head: the base layer's weight, plus an adapter the
+    weight does not show (as peft's lora.Linear)."""
+
+    def __init__(self, base, rank=2, size=0.05):
+        super().__init__()
+        self.base = base
+        g = torch.Generator().manual_seed(3)
+        self.a = torch.nn.Parameter(torch.randn(rank, base.in_features, generator=g).to(base.weight.dtype))
+        self.b = torch.nn.Parameter((torch.randn(base.out_features, rank, generator=g) * size).to(base.weight.dtype))
+
+    @property
+    def weight(self):
+        return self.base.weight
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.a.T) @ self.b.T
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_head_that_is_more_than_its_weight_is_refused(dtype):
+    """A forward hook on the head (a logit bias on 40 tokens) and a LoRA
+    adapter change the head's output by less than a 16-bit logit's
+    rounding allows for elsewhere; the head's output must be its weight
+    applied as a linear layer to the last bit, or the model is refused
+    (these gave perplexities up to 0.8% off, silently)."""
+    torch.manual_seed(0)
+    m, ids = _bf16(T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).eval(), top=20.0)
+    m = m.to(dtype)
+    boost = torch.zeros(V, dtype=dtype)
+    boost[:40] = 0.25 if dtype == torch.bfloat16 else 1e-3
+    hook = m.lm_head.register_forward_hook(lambda mod, args, out: out + boost)
+    with pytest.raises(ValueError, match="output head is not its weight .and bias. applied as a linear layer"):
+        lmmetrics.model_logits(m, ids)
+    hook.remove()
+    _same_metrics(m, ids)  # (a hook that changes nothing is no hook)
+    m.lm_head = _LoraHead(m.lm_head)
+    with pytest.raises(ValueError, match="a LoRA adapter, a forward hook"):
+        lmmetrics.model_logits(m, ids)
+
+
+class _Factor(T.LlamaForCausalLM):
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = out.logits * 1.002
+        return out
+
+
+def test_an_unnamed_factor_within_bfloat16_rounding_is_refused():
+    """x 1.002 in bfloat16 moves a logit by less than half its last bit
+    almost everywhere, yet by one bit on a few percent of them, always up
+    (perplexity 0.2% off, token NLL up to 0.06): the probe's least-squares
+    factor sees it."""
+    torch.manual_seed(0)
+    m, ids = _bf16(_Factor(T.LlamaConfig(**COMMON)).eval(), top=20.0)
+    with pytest.raises(ValueError, match="_Factor transforms its head's output"):
+        lmmetrics.model_logits(m, ids)
+
+
+def test_what_the_check_cannot_decide_is_an_error():
+    """Training mode with dropout (a functional attention dropout, named by
+    the config only); check=False where the config names a transform
+    (HyperCLOVAX multiplies by logits_scaling, Granite divides: the check
+    decides); a head whose weight is offloaded to the meta device."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(5))
+    m = T.LlamaForCausalLM(T.LlamaConfig(**COMMON, attention_dropout=0.3)).train()
+    with pytest.raises(ValueError, match=r"training mode with dropout \(config.attention_dropout=0.3\).*model.eval"):
+        lmmetrics.model_logits(m, ids)
+    _same_metrics(T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).train(), ids)  # no dropout: deterministic
+    g = T.GraniteForCausalLM(T.GraniteConfig(**COMMON, logits_scaling=4.0)).eval()
+    with pytest.raises(ValueError, match=r"config names an output transform \(logits_scaling=4.0\)"):
+        lmmetrics.model_logits(g, ids, check=False)
+    assert lmmetrics.model_logits(g, ids).scale == 0.25
+    g.lm_head.to("meta")
+    with pytest.raises(TypeError, match="weight on the meta device"):
+        lmmetrics.model_logits(g, ids)
+
+
+class _Chunked(T.LlamaForCausalLM):
+    """A model with a rule on the length (xLSTM's chunk size)."""
+
+    def forward(self, input_ids=None, **kwargs):
+        if input_ids.shape[1] % 16:
+            raise ValueError(f"Sequence length {input_ids.shape[1]} is not divisible by chunk size 16.")
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_one_sequence_a_4d_mask_and_a_length_rule():
+    """1-D input_ids give (T, V) logits; a 4-D mask (two packed documents)
+    is the model's; a model that refuses the check's 8 positions says so,
+    and check_positions= a length it takes works."""
+    torch.manual_seed(0)
+    m = T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).eval()
+    ids = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full = m(ids[:1]).logits[0]
+        lazy = lmmetrics.model_logits(m, ids[0])
+    assert lazy.shape == (16, V)
+    np.testing.assert_array_equal(lmmetrics.token_nll(lazy, ids[0], shift=True).numpy(),
+                                  lmmetrics.token_nll(full, ids[0], shift=True).numpy())
+    m4 = torch.ones(2, 1, 16, 16).tril().bool()
+    m4[:, :, 8:, :8] = False
+    with torch.no_grad():
+        full = m(ids, attention_mask=m4).logits
+        lazy = lmmetrics.model_logits(m, ids, attention_mask=m4)
+    np.testing.assert_array_equal(lmmetrics.token_nll(lazy, ids, shift=True).numpy(),
+                                  lmmetrics.token_nll(full, ids, shift=True).numpy())
+    c = _Chunked(T.LlamaConfig(**COMMON)).eval()
+    c.load_state_dict(m.state_dict())
+    with pytest.raises(ValueError, match="first 8 positions failed .ValueError: Sequence length 8 .*check_positions="):
+        lmmetrics.model_logits(c, ids)
+    _same_metrics(c, ids, check_positions=16)

@@ -386,23 +386,32 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
     model : transformers PreTrainedModel
         A causal LM whose forward calls its output head
         (``get_output_embeddings()``) as a module.
-    input_ids : torch.Tensor (B, T)
-        Token ids, on the model's device.
+    input_ids : torch.Tensor (B, T) or (T,)
+        Token ids, on the model's device (one sequence gives logits of
+        shape (T, V)).
     attention_mask : torch.Tensor (B, T), optional
-        As the model takes it.
+        As the model takes it (a 4-D mask is passed on as it is).
     check : bool
         Before returning (default), run the model's own forward on the
         first ``check_positions`` attended positions of the first sequence
         twice: once as it is, and once with the head's output replaced by
         known values from 0.01 to 1000 in magnitude, which shows what the
         model does to its head's output (a factor, a soft cap, a change of
-        dtype). The transform is taken from the config's attributes that
-        the probe confirms (``logit_scale``, ``logits_scaling``,
-        ``final_logit_softcapping``, ...); a model none of them explains,
-        or whose logits then still differ from these, is an error naming
-        its class, never a wrong number.
+        dtype). The head's output must be its weight (and bias) applied as
+        a linear layer, to the last bit of its dtype (a LoRA adapter or a
+        forward hook on the head is refused); the transform is taken from
+        the config's attributes that the probe confirms (``logit_scale``,
+        ``logits_scaling``, ``final_logit_softcapping``, ...); a model none
+        of them explains, or whose logits then still differ from these, is
+        an error naming its class. The check sees those positions only: a
+        model whose forward treats later positions or other sequences
+        differently (none in transformers does) is not caught.
+        ``check=False`` skips it, and is refused for a model whose config
+        names an output transform (which way it applies is what the check
+        finds out).
     check_positions : int
-        How many positions the check compares.
+        How many positions the check compares (a model with rules on the
+        length, such as a chunk size, needs a length it accepts).
     chunk_bytes : int, optional
         As :func:`projected`'s.
 
@@ -412,14 +421,21 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
         The model's logits, lazily: the head's input, weight and bias, and
         the factor, soft cap and logits dtype the check found (under
         ``torch.autocast``, the head is applied under the same autocast).
+        The head's weight is held, not copied: it is read when a metric
+        reads the logits, so change it in place (quantizing the model, say)
+        only after that.
 
     Raises
     ------
     TypeError
-        The model has no output head, or its forward does not call it.
+        The model has no output head, its weight is not in memory (on the
+        meta device: offloaded), or its forward does not call the head.
     ValueError
         The lazy logits disagree with the model's own logits (an
-        architecture with an output transform this function does not know).
+        architecture with an output transform this function does not know),
+        the model is in training mode with dropout (its logits are random:
+        call ``model.eval()``), or ``check=False`` for a model whose config
+        names an output transform.
 
     Examples
     --------
@@ -436,6 +452,14 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
     >>> abs(lmmetrics.perplexity(lazy, ids, shift=True) - lmmetrics.perplexity(full, ids, shift=True)) < 1e-3
     True
     """
+    return _model_logits(model, input_ids, attention_mask, check, check_positions, chunk_bytes)
+
+
+def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, check_positions: int,
+                  chunk_bytes: Optional[int], like: Optional[Projected] = None) -> Projected:
+    """model_logits; like: lazy logits it made of the same model before,
+    whose check's findings (factor, soft cap, logits dtype) are taken
+    without a check (sliding windows check their first batch only)."""
     import torch
 
     name = type(model).__name__
@@ -445,30 +469,71 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
         raise TypeError(f"model_logits: {name} has no output head with a 2-D weight "
                         f"(get_output_embeddings() gave {type(head).__name__}): pass a causal LM "
                         f"(...ForCausalLM), or build the logits with lmmetrics.projected(hidden, weight)")
+    if weight.device.type == "meta":
+        raise TypeError(f"model_logits: {name}'s output head has its weight on the meta device (offloaded: "
+                        f"accelerate's cpu_offload or a device_map with offloading): lazy logits read the weight "
+                        f"itself; load the head's weight onto a device, or use model(input_ids).logits")
     bias = getattr(head, "bias", None)
     bias = bias if isinstance(bias, torch.Tensor) else None
     ids = torch.as_tensor(input_ids)
-    if ids.dim() == 1:
+    one_sequence = ids.dim() == 1
+    if one_sequence:
         ids = ids[None]
     mask = None if attention_mask is None else torch.as_tensor(attention_mask, device=ids.device)
     if mask is not None and mask.dim() == 1:
         mask = mask[None]
+    if mask is not None and mask.dim() not in (2, 4):
+        raise ValueError(f"model_logits: attention_mask must be (B, T) (or the model's 4-D mask), got shape "
+                         f"{tuple(mask.shape)}")
+    dropout = _active_dropout(model)
+    if dropout:
+        raise ValueError(f"model_logits: {name} is in training mode with dropout ({dropout}): its logits "
+                         f"differ at every forward; call model.eval() first")
     autocast = _autocast_state(weight.device.type)
     transforms = _transforms(model)
     factor, cap = transforms[0]
     out_dtype = None
-    if check:
+    if like is not None:
+        factor, cap, out_dtype = like.scale, like.softcap, like.out_dtype
+    elif check:
         factor, cap, out_dtype = _check_against_forward(model, name, head, weight, bias, ids, mask, transforms,
                                                         autocast, check_positive_int("check_positions",
                                                                                      check_positions))
+    elif len(transforms) > 1:
+        named = ", ".join(f"{n}={_config_value(model, n)!r}" for n in _FACTORS + _SOFTCAPS
+                          if _number(_config_value(model, n)) is not None)
+        raise ValueError(f"model_logits: {name}'s config names an output transform ({named}), and whether and "
+                         f"which way the model applies it is what the check finds out: leave check=True, or "
+                         f"build the logits with lmmetrics.projected(hidden, weight, bias, scale, softcap)")
     hidden = _run(model, head, ids, mask, stop=True)[0]
     if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape[:-1]) != tuple(ids.shape):
         raise TypeError(f"model_logits: {name}'s head receives "
                         f"{tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__}, "
                         f"not one hidden state a position of input_ids {tuple(ids.shape)}")
+    if one_sequence:
+        hidden = hidden[0]
     lazy = Projected(hidden, weight, bias, factor, cap, chunk_bytes, _autocast=autocast, _out_dtype=out_dtype)
     lazy.from_model = True
     return lazy
+
+
+def _active_dropout(model: Any) -> Optional[str]:
+    """What drops out in the model's forward, if anything: a dropout module
+    in training mode, or (the model in training mode) a dropout rate its
+    config names, which attention code applies without a module."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module) or not model.training:
+        return None
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
+            return f"{type(m).__name__}(p={m.p:g})"
+    config: Any = getattr(model, "config", None)
+    values = config.to_dict() if hasattr(config, "to_dict") else {}
+    for key, v in values.items():
+        if ("dropout" in key or "pdrop" in key) and _number(v) is not None and 0 < float(v) < 1:
+            return f"config.{key}={v:g}"
+    return None
 
 
 def _probe_values(out: torch.Tensor) -> torch.Tensor:
@@ -489,7 +554,7 @@ def _probe_values(out: torch.Tensor) -> torch.Tensor:
 def _disagreement(want: torch.Tensor, got: torch.Tensor, eps: float, floor: float) -> Optional[str]:
     """None when got matches want (elementwise within 4 eps of their size
     plus floor, infinities equal, no NaN; and no common factor beyond
-    rounding's: a least-squares relative factor within eps / 4), else what
+    rounding's: a least-squares relative factor within eps / 256), else what
     differs."""
     import torch
 
@@ -504,8 +569,8 @@ def _disagreement(want: torch.Tensor, got: torch.Tensor, eps: float, floor: floa
     gg = torch.where(fin, g, 0.0)
     denom = float((gg * gg).sum())
     factor = float((torch.where(fin, w - g, 0.0) * gg).sum()) / denom if denom > 0 else 0.0
-    if abs(factor) > eps / 4 + 2.0**-23:
-        return f"by a factor of {1 + factor:.6g}"
+    if abs(factor) > eps / 256 + 2.0**-23:
+        return f"by a factor of 1 {'+' if factor > 0 else '-'} {abs(factor):.2e}"
     return None
 
 
@@ -520,19 +585,37 @@ def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: 
     model when either differs."""
     import torch
 
-    m1 = None if mask is None else mask[:1]
-    first = 0 if m1 is None or not bool(m1.any()) else int(torch.nonzero(m1[0])[0, 0])
+    m1: Any = None if mask is None else mask[:1]
+    flat = m1 is not None and m1.dim() == 2  # (a 4-D mask: from the first position)
+    first = 0 if not flat or not bool(m1.any()) else int(torch.nonzero(m1[0])[0, 0])
     end = min(ids.shape[1], first + k)
-    pids, pmask = ids[:1, :end], None if m1 is None else m1[:, :end]
-    h, raw, want = _run(model, head, pids, pmask)
-    hint = (" (the model is in training mode: call model.eval(), dropout makes every forward differ)"
-            if getattr(model, "training", False) else "")
+    pids = ids[:1, :end]
+    pmask = None if m1 is None else m1[:, :end] if flat else m1[:, :, :end, :end]
+
+    def forward(replace: Any = None) -> Tuple[Any, Any, Any]:
+        try:
+            return _run(model, head, pids, pmask, replace=replace)
+        except (RuntimeError, ValueError, IndexError, AssertionError) as e:
+            raise ValueError(f"model_logits: the check's forward of {name} on its first {end} positions failed "
+                             f"({type(e).__name__}: {e}); if the model has rules on the length (a chunk size), pass "
+                             f"check_positions= a length it accepts") from e
+
+    h, raw, want = forward()
     if not isinstance(raw, torch.Tensor) or not isinstance(want, torch.Tensor) or want.shape != raw.shape:
         raise ValueError(f"model_logits: {name}'s logits are not its head's output, transformed element by "
                          f"element (head output {getattr(raw, 'shape', None)}, logits "
                          f"{getattr(want, 'shape', None)}): use model(input_ids).logits")
+    with torch.no_grad():
+        lin = torch.nn.functional.linear(h, weight, bias)
+    if lin.shape != raw.shape or lin.dtype != raw.dtype or \
+            _disagreement(raw, lin, torch.finfo(raw.dtype).eps / 8, 1e-30) is not None:
+        worst = float((lin.double() - raw.double()).abs().max()) if lin.shape == raw.shape else math.nan
+        raise ValueError(f"model_logits: {name}'s output head is not its weight (and bias) applied as a linear "
+                         f"layer: its output differs from that by up to {worst:.3g} on the first positions (a "
+                         f"LoRA adapter, a forward hook or a quantized layer on the head?). Use "
+                         f"model(input_ids).logits, or merge the adapter first")
     probe = _probe_values(raw)
-    seen = _run(model, head, pids, pmask, replace=lambda out: probe.clone())[2]
+    seen = forward(replace=lambda out: probe.clone())[2]
     out_dtype = want.dtype
     eps = max(torch.finfo(raw.dtype).eps, torch.finfo(out_dtype).eps)
     for factor, cap in transforms:
@@ -541,7 +624,7 @@ def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: 
     else:
         raise ValueError(
             f"model_logits: {name} transforms its head's output in a way lmmetrics does not know (none of a "
-            f"factor or a soft cap from its config explains its logits){hint}. Use model(input_ids).logits, or "
+            f"factor or a soft cap from its config explains its logits). Use model(input_ids).logits, or "
             f"build the logits with lmmetrics.projected(hidden, weight, bias, scale, softcap)")
     rows = np.arange(first, end, dtype=np.int64)
     got = Projected(h[0], weight, bias, factor, cap, _autocast=autocast, _out_dtype=out_dtype).rows(rows)
@@ -552,7 +635,7 @@ def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: 
     if why is not None:
         raise ValueError(
             f"model_logits: the logits built from {name}'s head input and head differ from the model's own "
-            f"{why} on its first positions{hint}: this architecture computes its logits in a way lmmetrics "
+            f"{why} on its first positions: this architecture computes its logits in a way lmmetrics "
             f"does not know. Use model(input_ids).logits, or build them with "
             f"lmmetrics.projected(hidden, weight, bias, scale, softcap)")
     return factor, cap, (out_dtype if out_dtype != raw.dtype else None)
