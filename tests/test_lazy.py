@@ -237,3 +237,54 @@ def test_vocabulary_blocks_merge_exactly():
     h[1, 20, 1] = np.nan
     with pytest.raises(ValueError, match=r"NaN in logits at row 50 \(position \(1, 20\)\)"):
         lmmetrics.token_nll(lmmetrics.projected(h, w, chunk_bytes=8 * 600 * 4), t)
+
+
+def test_vocabulary_blocks_hold_one_tile_name_the_first_bad_row_and_take_any_reference():
+    """Found by an adversarial review of the block path: the previous tile
+    was still held while the next was computed (peak 2x chunk_bytes); a NaN
+    of an earlier row in a later block was named after a later row's in an
+    earlier block; the reference's own chunk_bytes was ignored; a list as
+    the other side's logits crashed."""
+    import tracemalloc
+
+    rng = np.random.default_rng(4)
+    h, w = rng.standard_normal((64, 8)).astype(np.float32), rng.standard_normal((20000, 8)).astype(np.float32)
+    budget = 2**20
+    lazy = lmmetrics.projected(h, w, chunk_bytes=budget)
+    lmmetrics.token_nll(lazy, np.zeros(64, np.int64))  # (warm)
+    tracemalloc.start()
+    lmmetrics.token_nll(lazy, np.zeros(64, np.int64))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1.5 * budget, peak / budget
+    # NaN at row 2's column 900 (second block), row 5's column 100 (first)
+    w2 = rng.standard_normal((1000, 4)).astype(np.float32) + 3.0
+    w2[100, 0] = w2[900, 1] = 0.0
+    h2 = rng.standard_normal((8, 4)).astype(np.float32)
+    h2[5, 0] = h2[2, 1] = np.inf
+    with np.errstate(invalid="ignore"):
+        plain = h2 @ w2.T
+    for x in (plain, lmmetrics.projected(h2, w2), lmmetrics.projected(h2, w2, chunk_bytes=8 * 512 * 4)):
+        with pytest.raises(ValueError, match=r"NaN in logits at row 2 "):
+            lmmetrics.token_nll(x, np.zeros(8, np.int64))
+    # the smaller of the two sides' budgets
+    seen = []
+    rows = _lazy.Projected._rows
+    h3, w3 = rng.standard_normal((256, 16)).astype(np.float32), rng.standard_normal((4000, 16)).astype(np.float32)
+    try:
+        _lazy.Projected._rows = lambda self, i, c: seen.append(rows(self, i, c).nbytes) or rows(self, i, c)
+        for mc, rc in ((None, 64 << 10), (64 << 10, None)):
+            seen.clear()
+            lmmetrics.token_kl(lmmetrics.projected(h3, w3, chunk_bytes=mc),
+                               reference_logits=lmmetrics.projected(h3 * 1.1, w3, chunk_bytes=rc))
+            assert max(seen) <= 64 << 10, (mc, rc, max(seen))
+    finally:
+        _lazy.Projected._rows = rows
+    # a list on the other side
+    ref = (h3[:4] * 1.1 @ w3.T).astype(np.float64)
+    want = ref_kl(ref, h3[:4].astype(np.float64) @ w3.T.astype(np.float64))
+    np.testing.assert_allclose(lmmetrics.token_kl(lmmetrics.projected(h3[:4], w3), reference_logits=ref.tolist()),
+                               want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(lmmetrics.token_kl((h3[:4] @ w3.T).tolist(),
+                                                  reference_logits=lmmetrics.projected(h3[:4] * 1.1, w3)),
+                               want, rtol=1e-4, atol=1e-6)

@@ -84,6 +84,9 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
     """``run`` over lazy logits (either side or both): the counted rows (all
     rows without targets) a bounded chunk at a time, each chunk's logits
     computed, passed through ``run`` as plain logits, and dropped."""
+    # (the plain side as run takes it: a list or a buffer as an array)
+    logits, reference = (x if x is None or isinstance(x, (Projected, np.ndarray)) or is_torch(x) else np.asarray(x)
+                         for x in (logits, reference))
     lg, ref = _lazy_shape(logits), None if reference is None else _lazy_shape(reference)
     if ref is not None and ref.n_cols != lg.n_cols:
         raise ValueError(f"the model's vocabulary ({lg.n_cols}) and the reference's ({ref.n_cols}) differ: "
@@ -100,7 +103,8 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
     rows = np.flatnonzero(out.counted) if out.targets is not None else np.arange(lg.n_rows)
     lazy = [x for x in sides if isinstance(x, Projected)]
     on_cuda = any(is_cuda(x.hidden) for x in lazy)
-    budget = lazy[0].chunk_bytes or (_cuda_chunk_bytes() if on_cuda else DEFAULT_CHUNK_BYTES)
+    set_budgets = [x.chunk_bytes for x in lazy if x.chunk_bytes]  # (both sides': the smaller)
+    budget = min(set_budgets) if set_budgets else _cuda_chunk_bytes() if on_cuda else DEFAULT_CHUNK_BYTES
     tile_rows = _TILE_ROWS_CUDA if on_cuda else _TILE_ROWS
     per_col = sum(x.itemsize if isinstance(x, Projected) else x.dtype.itemsize
                   if isinstance(x, np.ndarray) else x.element_size() for x in sides)
@@ -272,6 +276,12 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
                 part = run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
             except RowError as e:
                 if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
+                    # a NaN: the rows up to it whole, in order, so that the
+                    # first bad row is named (an earlier row's may sit in a
+                    # later block)
+                    k = e.row + 1
+                    _lazy_rows_alone(run, logits, reference, sel[:k], None if t is None else t[:k], out, lead,
+                                     cap, threads, want)
                     raise row_error(e.status, int(sel[e.row]), lead) from None
                 _lazy_rows_alone(run, logits, reference, sel, t, out, lead, cap, threads, want)  # a block all -inf
                 return
@@ -304,6 +314,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
                 blocks["ramv"].append(_at(r, rows_n, ram, dev))
             if t is not None:
                 _set(rt, inb, _at(r, inb, t[inb] - j, dev))
+        z = r = None  # (freed before the next tile is computed: one tile's memory at a time)
     lse, lw = _merge_lse(blocks["lse"], xp)
     redo |= ~xp.isfinite(lse)
     merged: Dict[str, Any] = {}

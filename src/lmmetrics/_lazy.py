@@ -192,15 +192,16 @@ class Projected:
             return _finish(z, self.out_dtype, self.scale, caps)
         h = self.hidden.reshape(-1, self.hidden.shape[-1])[index] if len(lead) <= 1 else \
             self.hidden[np.unravel_index(index, lead)]
-        z = h @ w.T
-        if b is not None:
-            z += b
-        if self.scale != 1.0:
-            z *= self.scale
-        for c in caps:
-            z /= c
-            np.tanh(z, out=z)
-            z *= c
+        with np.errstate(invalid="ignore", over="ignore"):  # (NaN and overflow: the metric's to name)
+            z = h @ w.T
+            if b is not None:
+                z += b
+            if self.scale != 1.0:
+                z *= self.scale
+            for c in caps:
+                z /= c
+                np.tanh(z, out=z)
+                z *= c
         return z
 
 
