@@ -230,6 +230,33 @@ def test_lazy_logits_on_the_cuda_path(dev, small_chunks):
     assert isinstance(nll, torch.Tensor) and nll.device.type == dev.type and nll.shape == (3, 11)
 
 
+def test_lazy_logits_on_a_gpu_take_whole_rows_down_to_1024(dev, monkeypatch):
+    """On the device, lazy rows are cut into vocabulary blocks only when
+    fewer than 1024 whole rows fit the chunk (the host: 2048): 1100 fit,
+    whole rows; 900 fit, blocks. The numbers are the materialized logits'."""
+    from lmmetrics import _lazy
+
+    if dev.type == "cpu":  # (the chunk budget and the threshold are the device's)
+        monkeypatch.setattr(_chunked, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+    g = torch.Generator().manual_seed(29)
+    h, w = torch.randn(1500, 8, generator=g), torch.randn(1024, 8, generator=g)
+    t = torch.randint(0, 1024, (1500,), generator=g)
+    want = lmmetrics.token_nll((h @ w.T).numpy(), t.numpy())
+    widths = []
+    rows = _lazy.Projected.rows
+    monkeypatch.setattr(_lazy.Projected, "rows", lambda self, i, cols=slice(None), *a: widths.append(
+        len(range(*cols.indices(1024)))) or rows(self, i, cols, *a))
+    for fit, whole in ((1100, True), (900, False)):
+        old = lmmetrics.set_cuda_chunk_bytes(fit * 1024 * 4)
+        try:
+            widths.clear()
+            got = lmmetrics.token_nll(lmmetrics.projected(h.to(dev), w.to(dev)), t.to(dev))
+        finally:
+            lmmetrics.set_cuda_chunk_bytes(old)
+        assert (min(widths) == 1024) == whole, (fit, widths[:4])
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=2e-6, atol=2e-6)
+
+
 def _recording_chunks(monkeypatch, module, events):
     """module's row_chunks, each chunk it yields recorded in events."""
     chunks = module.row_chunks

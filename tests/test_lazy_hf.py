@@ -4,6 +4,7 @@ final soft-cap; Cohere's logit scale; Qwen2): every metric from the lazy
 logits equals the same metric on the model's own ``model(x).logits``; an
 architecture whose logits the head does not explain is refused."""
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -288,6 +289,14 @@ def test_what_the_check_cannot_decide_is_an_error():
     with pytest.raises(ValueError, match=r"training mode with dropout \(config.attention_dropout=0.3\).*model.eval"):
         lmmetrics.model_logits(m, ids)
     _same_metrics(T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).train(), ids)  # no dropout: deterministic
+    # (GPT-NeoX's config has classifier_dropout=0.1, for a head a causal LM has not)
+    _same_metrics(T.GPTNeoXForCausalLM(T.GPTNeoXConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                                       num_hidden_layers=2, num_attention_heads=4)).train(), ids)
+    bad = T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).eval()
+    with torch.no_grad():
+        bad.model.norm.weight[0] = float("nan")
+    with pytest.raises(ValueError, match="LlamaForCausalLM's hidden states at its first positions hold NaN"):
+        lmmetrics.model_logits(bad, ids)
     g = T.GraniteForCausalLM(T.GraniteConfig(**COMMON, logits_scaling=4.0)).eval()
     with pytest.raises(ValueError, match=r"config names an output transform \(logits_scaling=4.0\)"):
         lmmetrics.model_logits(g, ids, check=False)
@@ -328,6 +337,8 @@ def test_one_sequence_a_4d_mask_and_a_length_rule():
                                   lmmetrics.token_nll(full, ids, shift=True).numpy())
     c = _Chunked(T.LlamaConfig(**COMMON)).eval()
     c.load_state_dict(m.state_dict())
-    with pytest.raises(ValueError, match="first 8 positions failed .ValueError: Sequence length 8 .*check_positions="):
+    with pytest.raises(ValueError, match="Sequence length 8 is not divisible") as e:  # (the model's own error)
         lmmetrics.model_logits(c, ids)
+    if sys.version_info >= (3, 11):
+        assert "check_positions= a length it accepts" in e.value.__notes__[0]
     _same_metrics(c, ids, check_positions=16)

@@ -276,13 +276,10 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
                 part = run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
             except RowError as e:
                 if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
-                    # a NaN: the rows up to it whole, in order, so that the
-                    # first bad row is named (an earlier row's may sit in a
-                    # later block)
-                    k = e.row + 1
-                    _lazy_rows_alone(run, logits, reference, sel[:k], None if t is None else t[:k], out, lead,
-                                     cap, threads, want)
-                    raise row_error(e.status, int(sel[e.row]), lead) from None
+                    # a NaN: the first bad row is named, though an earlier
+                    # row's may sit in a later block
+                    row, status = _first_nan(logits, reference, sel, lead, j + block, block, cap, e.row, e.status)
+                    raise row_error(status, int(sel[row]), lead) from None
                 _lazy_rows_alone(run, logits, reference, sel, t, out, lead, cap, threads, want)  # a block all -inf
                 return
             floats, indices = part.floats, part.indices
@@ -348,6 +345,23 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     if redo.any():
         _lazy_rows_alone(run, logits, reference, sel[redo], None if t is None else t[redo], out, lead, cap, threads,
                          want)
+
+
+def _first_nan(logits: Any, reference: Any, sel: I64Array, lead: Tuple[int, ...], start: int, block: int,
+               cap: float, row: int, status: Status) -> Tuple[int, Status]:
+    """The first of the rows sel with a NaN (and its error), given that row
+    (a position in sel) has one in a block before start and the rows before
+    it none there: the blocks from start on, for those rows only."""
+    V = _lazy_shape(logits).n_cols
+    for j in range(start, V, block):
+        for side, side_status in ((logits, Status.LM_ERR_NAN), (reference, Status.LM_ERR_NAN_REF)):
+            if side is None or row == 0:
+                continue
+            x = _take_rows(side, sel[:row], lead, slice(j, min(V, j + block)), cap)
+            bad = np.flatnonzero(np.asarray((x != x).any(1)))
+            if bad.size:
+                row, status = int(bad[0]), side_status
+    return row, status
 
 
 def _as_results(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:

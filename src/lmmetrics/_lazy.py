@@ -457,10 +457,11 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
 
 
 def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, check_positions: int,
-                  chunk_bytes: Optional[int], like: Optional[Projected] = None) -> Projected:
-    """model_logits; like: lazy logits it made of the same model before,
-    whose check's findings (factor, soft cap, logits dtype) are taken
-    without a check (sliding windows check their first batch only)."""
+                  chunk_bytes: Optional[int], found: Optional[Tuple[float, Optional[float], Any]] = None) -> Projected:
+    """model_logits; found: what the check of an earlier call on the same
+    model found (:func:`_findings` of its lazy logits: factor, soft cap,
+    logits dtype), taken without a check (sliding windows check their
+    first batch only)."""
     import torch
 
     name = type(model).__name__
@@ -494,8 +495,8 @@ def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, 
     transforms = _transforms(model)
     factor, cap = transforms[0]
     out_dtype = None
-    if like is not None:
-        factor, cap, out_dtype = like.scale, like.softcap, like.out_dtype
+    if found is not None:
+        factor, cap, out_dtype = found
     elif check:
         factor, cap, out_dtype = _check_against_forward(model, name, head, weight, bias, ids, mask, transforms,
                                                         autocast, check_positive_int("check_positions",
@@ -518,6 +519,11 @@ def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, 
     return lazy
 
 
+def _findings(lazy: Projected) -> Tuple[float, Optional[float], Any]:
+    """What model_logits' check found, for a later call on the same model."""
+    return lazy.scale, lazy.softcap, lazy.out_dtype
+
+
 def _active_dropout(model: Any) -> Optional[str]:
     """What drops out in the model's forward, if anything: a dropout module
     in training mode, or (the model in training mode) a dropout rate its
@@ -531,8 +537,9 @@ def _active_dropout(model: Any) -> Optional[str]:
             return f"{type(m).__name__}(p={m.p:g})"
     config: Any = getattr(model, "config", None)
     values = config.to_dict() if hasattr(config, "to_dict") else {}
-    for key, v in values.items():
-        if ("dropout" in key or "pdrop" in key) and _number(v) is not None and 0 < float(v) < 1:
+    for key, v in values.items():  # (not a classification or summary head's: a causal LM has none)
+        if ("dropout" in key or "pdrop" in key) and not key.startswith(("classifier", "summary")) and \
+                _number(v) is not None and 0 < float(v) < 1:
             return f"config.{key}={v:g}"
     return None
 
@@ -596,16 +603,21 @@ def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: 
     def forward(replace: Any = None) -> Tuple[Any, Any, Any]:
         try:
             return _run(model, head, pids, pmask, replace=replace)
-        except (RuntimeError, ValueError, IndexError, AssertionError) as e:
-            raise ValueError(f"model_logits: the check's forward of {name} on its first {end} positions failed "
-                             f"({type(e).__name__}: {e}); if the model has rules on the length (a chunk size), pass "
-                             f"check_positions= a length it accepts") from e
+        except Exception as e:  # the model's own error, as it is (an OOM stays one), with a note on where
+            if hasattr(e, "add_note"):  # (Python 3.11+)
+                e.add_note(f"(raised by {name}'s forward in model_logits' check, on the first {end} positions of "
+                           f"the first sequence: a model with rules on the length, such as a chunk size, needs "
+                           f"check_positions= a length it accepts)")
+            raise
 
     h, raw, want = forward()
     if not isinstance(raw, torch.Tensor) or not isinstance(want, torch.Tensor) or want.shape != raw.shape:
         raise ValueError(f"model_logits: {name}'s logits are not its head's output, transformed element by "
                          f"element (head output {getattr(raw, 'shape', None)}, logits "
                          f"{getattr(want, 'shape', None)}): use model(input_ids).logits")
+    if isinstance(h, torch.Tensor) and h.is_floating_point() and not bool(torch.isfinite(h).all()):
+        raise ValueError(f"model_logits: {name}'s hidden states at its first positions hold NaN or inf (what its "
+                         f"head receives): its logits would too; check the model (its weights, its dtype)")
     with torch.no_grad():
         lin = torch.nn.functional.linear(h, weight, bias)
     if lin.shape != raw.shape or lin.dtype != raw.dtype or \

@@ -8,7 +8,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from ._checks import check_positive_int
-from ._lazy import _model_logits
+from ._lazy import _findings, _model_logits
 from .metrics import token_nll
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     seq_cpu = seq.to("cpu", torch.long)
 
     out = None
-    checked: Any = None
+    found: Any = None
     bar = _progress_bar(len(windows), progress)
     with torch.no_grad(), bar if bar is not None else contextlib.nullcontext():
         for s in range(0, len(windows), batch_size):
@@ -220,8 +220,8 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
                 rows.append(w)
             # (lazy: the first batch's check holds for the next ones)
             logits: Any = (_returned_logits(model(torch.stack(rows))) if materialize
-                           else _model_logits(model, torch.stack(rows), None, True, 8, None, like=checked))
-            checked = checked if materialize else logits
+                           else _model_logits(model, torch.stack(rows), None, True, 8, None, found=found))
+            found = found if materialize or found is not None else _findings(logits)
             if len(logits.shape) != 3 or tuple(logits.shape[:2]) != (len(batch), width):
                 raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
                                  f"windows of shape {(len(batch), width)}; expected (B, L, V)")
