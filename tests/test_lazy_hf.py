@@ -94,22 +94,25 @@ def test_evaluate_bpb_through_lazy_logits(model):
     assert lazy == pytest.approx(full, rel=1e-5)
 
 
-class _Doubled(T.LlamaForCausalLM):
-    """An architecture with an output transform model_logits cannot see."""
+class _Scaled(T.LlamaForCausalLM):
+    """An architecture with an output transform model_logits cannot see:
+    its logits times ``factor``, which its config does not name."""
+
+    factor = 2.0
 
     def forward(self, *args, **kwargs):
         out = super().forward(*args, **kwargs)
-        out.logits = out.logits * 2
+        out.logits = out.logits * self.factor
         return out
 
 
 def test_an_architecture_the_head_does_not_explain_is_refused():
     torch.manual_seed(0)
-    m = _Doubled(T.LlamaConfig(**COMMON)).eval()
+    m = _Scaled(T.LlamaConfig(**COMMON)).eval()
     with torch.no_grad():
         m.get_output_embeddings().weight.mul_(8.0)
     ids = torch.randint(0, V, (2, 12))
-    with pytest.raises(ValueError, match="_Doubled transforms its head's output in a way lmmetrics does not know"):
+    with pytest.raises(ValueError, match="_Scaled transforms its head's output in a way lmmetrics does not know"):
         lmmetrics.model_logits(m, ids)
     lazy = lmmetrics.model_logits(m, ids, check=False)  # the caller's word
     assert lazy.shape == (2, 12, V)
@@ -260,21 +263,16 @@ def test_a_head_that_is_more_than_its_weight_is_refused(dtype):
         lmmetrics.model_logits(m, ids)
 
 
-class _Factor(T.LlamaForCausalLM):
-    def forward(self, *args, **kwargs):
-        out = super().forward(*args, **kwargs)
-        out.logits = out.logits * 1.002
-        return out
-
-
 def test_an_unnamed_factor_within_bfloat16_rounding_is_refused():
     """x 1.002 in bfloat16 moves a logit by less than half its last bit
     almost everywhere, yet by one bit on a few percent of them, always up
     (perplexity 0.2% off, token NLL up to 0.06): the probe's least-squares
     factor sees it."""
     torch.manual_seed(0)
-    m, ids = _bf16(_Factor(T.LlamaConfig(**COMMON)).eval(), top=20.0)
-    with pytest.raises(ValueError, match="_Factor transforms its head's output"):
+    m = _Scaled(T.LlamaConfig(**COMMON)).eval()
+    m.factor = 1.002
+    m, ids = _bf16(m, top=20.0)
+    with pytest.raises(ValueError, match="_Scaled transforms its head's output"):
         lmmetrics.model_logits(m, ids)
 
 

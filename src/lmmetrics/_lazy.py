@@ -487,26 +487,28 @@ def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, 
     if mask is not None and mask.dim() not in (2, 4):
         raise ValueError(f"model_logits: attention_mask must be (B, T) (or the model's 4-D mask), got shape "
                          f"{tuple(mask.shape)}")
-    dropout = _active_dropout(model)
-    if dropout:
-        raise ValueError(f"model_logits: {name} is in training mode with dropout ({dropout}): its logits "
-                         f"differ at every forward; call model.eval() first")
     autocast = _autocast_state(weight.device.type)
-    transforms = _transforms(model)
-    factor, cap = transforms[0]
-    out_dtype = None
+    # (factor, soft cap, logits dtype): an earlier call's findings, the
+    # check's, or none at all (check=False, a config that names none)
+    transform: Tuple[float, Optional[float], Any] = (1.0, None, None)
     if found is not None:
-        factor, cap, out_dtype = found
-    elif check:
-        factor, cap, out_dtype = _check_against_forward(model, name, head, weight, bias, ids, mask, transforms,
-                                                        autocast, check_positive_int("check_positions",
-                                                                                     check_positions))
-    elif len(transforms) > 1:
-        named = ", ".join(f"{n}={_config_value(model, n)!r}" for n in _FACTORS + _SOFTCAPS
-                          if _number(_config_value(model, n)) is not None)
-        raise ValueError(f"model_logits: {name}'s config names an output transform ({named}), and whether and "
-                         f"which way the model applies it is what the check finds out: leave check=True, or "
-                         f"build the logits with lmmetrics.projected(hidden, weight, bias, scale, softcap)")
+        transform = found
+    else:
+        dropout = _active_dropout(model)
+        if dropout:
+            raise ValueError(f"model_logits: {name} is in training mode with dropout ({dropout}): its logits "
+                             f"differ at every forward; call model.eval() first")
+        transforms = _transforms(model)
+        if check:
+            transform = _check_against_forward(model, name, head, weight, bias, ids, mask, transforms, autocast,
+                                               check_positive_int("check_positions", check_positions))
+        elif len(transforms) > 1:
+            named = ", ".join(f"{n}={_config_value(model, n)!r}" for n in _FACTORS + _SOFTCAPS
+                              if _number(_config_value(model, n)) is not None)
+            raise ValueError(f"model_logits: {name}'s config names an output transform ({named}), and whether "
+                             f"and which way the model applies it is what the check finds out: leave check=True, "
+                             f"or build the logits with lmmetrics.projected(hidden, weight, bias, scale, softcap)")
+    factor, cap, out_dtype = transform
     hidden = _run(model, head, ids, mask, stop=True)[0]
     if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape[:-1]) != tuple(ids.shape):
         raise TypeError(f"model_logits: {name}'s head receives "
