@@ -44,6 +44,25 @@ def ref_nll(logits, targets, ignore_index=-100):
     return out.reshape(t.shape)
 
 
+# A paired difference of two means (NLL(model) - NLL(reference)) is as
+# uncertain as the means it subtracts: its tolerance comes from their
+# magnitudes, never from a fraction of the (small) difference itself.
+PAIRED_DIFFERENCES = {"loss_diff": ("loss", "loss_ref"), "loss_diff_stderr": ("loss", "loss_ref")}
+
+
+def assert_metrics_close(got, want, rel, abs=0.0):
+    """Compare two ``Metrics.as_dict()`` key by key: each value within
+    ``rel`` of its own magnitude (plus ``abs``), a paired difference within
+    ``rel`` of its operands' magnitudes."""
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        if v is None or got[k] is None:
+            assert got[k] is v, k
+            continue
+        scale = sum(math.fabs(want[o]) for o in PAIRED_DIFFERENCES[k]) if k in PAIRED_DIFFERENCES else math.fabs(v)
+        assert got[k] == pytest.approx(v, rel=0, abs=rel * scale + abs), k
+
+
 def random_logits(rng, shape, dtype, scale=3.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
 
