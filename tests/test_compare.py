@@ -5,10 +5,9 @@ import math
 
 import numpy as np
 import pytest
-from scipy.special import log_softmax
 
 import lmmetrics
-from helpers import random_logits
+from helpers import log_softmax, random_logits
 
 
 def sigma_of_mean(x):

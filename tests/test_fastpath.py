@@ -9,7 +9,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _core, _inputs
-from helpers import BF16, DTYPES, ISAS
+from helpers import BF16, DTYPES, ISAS, is_bf16
 
 FIELDS = ("ptr", "dtype", "lead_shape", "n_cols", "n_rows", "rows_inner", "row_stride", "outer_stride")
 SHAPES = [(5,), (1,), (1, 5), (3, 5), (2, 3, 5), (1, 1, 5), (4, 1, 7), (1, 1), (2, 1), (7, 1, 1),
@@ -25,7 +25,7 @@ def addr(a):
 
 
 def name_of(dt):
-    return "bfloat16" if dt == BF16 else np.dtype(dt).name
+    return "bfloat16" if is_bf16(dt) else np.dtype(dt).name
 
 
 def generic(a, name=None):

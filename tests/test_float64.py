@@ -8,11 +8,11 @@ rows below) and the lane sums' roundings a few 1e-16 more; what is left
 is float64's own rounding of the logits' differences."""
 import math
 
-import mpmath
 import numpy as np
 import pytest
 
-import lmmetrics
+mpmath = pytest.importorskip("mpmath")  # extended precision (installed with torch, or on its own)
+import lmmetrics  # noqa: E402
 
 F64_TOL = 1e-13  # as tests/test_fuzz.py
 LD = np.longdouble

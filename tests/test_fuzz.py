@@ -34,12 +34,14 @@ from typing import Optional, Tuple
 
 import numpy as np
 import pytest
-from hypothesis import example, given, note
-from hypothesis import strategies as st
 
-import lmmetrics
-from lmmetrics import _core
-from helpers import BF16
+pytest.importorskip("hypothesis")
+from hypothesis import example, given, note  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import lmmetrics  # noqa: E402
+from lmmetrics import _core  # noqa: E402
+from helpers import BF16, is_bf16  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -239,7 +241,7 @@ def place(a: np.ndarray, layout: str, container: str):
     if container == "bigendian":
         S = S.astype(S.dtype.newbyteorder(">"), order="K")
     elif container == "torch":
-        if S.dtype == BF16:
+        if is_bf16(S.dtype):
             S = torch.from_numpy(S.view(np.int16)).view(torch.bfloat16)
         else:
             S = torch.from_numpy(S)

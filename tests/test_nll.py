@@ -168,7 +168,7 @@ def test_ignored_rows_are_not_read(isa):
 
 
 def test_masked_vocabulary(isa):
-    for dtype in DTYPES:
+    for dtype in [d for d in DTYPES if isinstance(d, np.dtype)]:  # bfloat16 where ml_dtypes is installed
         z = np.linspace(-3, 3, 40).astype(dtype).reshape(2, 20)
         z[:, ::3] = -np.inf
         got = lmmetrics.token_nll(z, np.array([1, 3]))

@@ -2,12 +2,15 @@
 import math
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
+import pytest
 
-import lmmetrics
-from helpers import ref_nll
+pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+import lmmetrics  # noqa: E402
+from helpers import ref_nll  # noqa: E402
 
 finite = st.floats(-50, 50, width=32)
 
