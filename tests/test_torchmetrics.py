@@ -66,6 +66,31 @@ def test_perplexity_without_ignore_index_and_with_hf_labels():
                                                rel=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["Perplexity", "LanguageModelMetrics", "BitsPerByte"])
+def test_a_model_output_needs_shift_said(kind):
+    """A model output comes with its unshifted input ids: without shift= the
+    classes refuse it (as evaluate and Evaluator do), never score position t
+    against ids[t]."""
+    from types import SimpleNamespace
+
+    z, ids = batches(n=1, ignore=0)[0]
+    two_bytes = np.full(z.shape[-1], 2)
+    make = {"Perplexity": Perplexity, "LanguageModelMetrics": LanguageModelMetrics,
+            "BitsPerByte": lambda **kw: BitsPerByte(two_bytes, **kw)}[kind]
+    out = SimpleNamespace(logits=z)  # what a Hugging Face model returns: .logits
+    with pytest.raises(ValueError, match="say shift=True"):
+        make()(out, ids)
+    m = make(shift=True)
+    m.update(out, ids)
+    got = m.compute()
+    loss = math.log(TMPerplexity()(z[:, :-1], ids[:, 1:]).item())  # torchmetrics on the shifted view
+    want = {"Perplexity": math.exp(loss), "LanguageModelMetrics": loss, "BitsPerByte": loss / (2 * math.log(2))}[kind]
+    got = got["loss"] if kind == "LanguageModelMetrics" else got
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    # plain tensors keep their meaning: aligned targets unless told otherwise
+    assert make()(z, ids) is not None
+
+
 def test_bits_per_byte_matches_nanochat():
     tb = torch.randint(0, 5, (V,), generator=torch.Generator().manual_seed(3))
     tb[:2] = 0

@@ -49,7 +49,7 @@ class _EvaluatorMetric(Metric):
     full_state_update = False
     _nll_only = False  # True: the NLL alone (no entropy or accuracy)
 
-    def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: bool = False,
+    def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: Optional[bool] = None,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
         """Set up the metric; the parameters are described in the class's docstring.
         """
@@ -139,10 +139,13 @@ class LanguageModelMetrics(_EvaluatorMetric):
     token_bytes : array_like or torch.Tensor, optional
         ``token_bytes[v]``, the UTF-8 byte length of token ``v`` (0 for
         special tokens), for ``bytes`` and ``bits_per_byte``.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy).
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -185,7 +188,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
     ['val/loss', 'val/perplexity']
     """
 
-    def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: bool = False,
+    def __init__(self, ignore_index: Optional[int] = None, *, token_bytes: Any = None, shift: Optional[bool] = None,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, prefix: str = "",
                  fields: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
         """Set up the metric; the parameters are described in the class's docstring.
@@ -331,10 +334,13 @@ class Perplexity(_EvaluatorMetric):
     ignore_index : int or None, default None
         As for ``torchmetrics.text.Perplexity``: targets equal to it are not
         counted; negative targets are never counted.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy).
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -359,7 +365,7 @@ class Perplexity(_EvaluatorMetric):
     higher_is_better = False
     _nll_only = True
 
-    def __init__(self, ignore_index: Optional[int] = None, *, shift: bool = False,
+    def __init__(self, ignore_index: Optional[int] = None, *, shift: Optional[bool] = None,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
         """Set up the metric; the parameters are described in the class's docstring.
         """
@@ -389,10 +395,13 @@ class BitsPerByte(_EvaluatorMetric):
     ignore_index : int or None, default None
         As for ``torchmetrics.text.Perplexity``: targets equal to it are not
         counted; negative targets are never counted.
-    shift : bool, default False
+    shift : bool or None, default None
         ``True`` for unshifted labels as Hugging Face passes them: position t
         of the logits is scored against ``targets[..., t + 1]`` and each
-        sequence's last position is dropped (a view, no copy).
+        sequence's last position is dropped (a view, no copy). ``False``:
+        the targets are aligned with the logits. None (not said) is False
+        for arrays and tensors, and an error for a model output (``.logits``)
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -417,7 +426,7 @@ class BitsPerByte(_EvaluatorMetric):
     higher_is_better = False
     _nll_only = True
 
-    def __init__(self, token_bytes: Any, ignore_index: Optional[int] = None, *, shift: bool = False,
+    def __init__(self, token_bytes: Any, ignore_index: Optional[int] = None, *, shift: Optional[bool] = None,
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
         """Set up the metric; the parameters are described in the class's docstring.
         """
