@@ -1028,12 +1028,14 @@ def _by_rank(texts: List[str]) -> str:
     ranks: Dict[str, List[int]] = {}
     for r, t in enumerate(texts):
         ranks.setdefault(t, []).append(r)
-    def which(rs: List[int]) -> str:
-        if len(rs) == 1:
-            return f"rank {rs[0]}"
-        return "ranks [" + ", ".join(map(str, rs[:8])) + (", ...]" if len(rs) > 8 else "]")
+    return ", ".join(f"{t} on {_ranks_text(rs)}" for t, rs in ranks.items())
 
-    return ", ".join(f"{t} on {which(rs)}" for t, rs in ranks.items())
+
+def _ranks_text(ranks: List[int]) -> str:
+    """"rank 3", "ranks [0, 2]", the first eight of many then "..."."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks [" + ", ".join(map(str, ranks[:8])) + (", ...]" if len(ranks) > 8 else "]")
 
 
 def _digest(data: bytes) -> int:
