@@ -121,10 +121,16 @@ def run_gloo_workers(source, tmp_path, world=2, timeout=120):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(world)]
     outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, err
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, err
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # a hung or failed worker fails the test and leaves no process behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     return outs
 
 

@@ -42,12 +42,19 @@ def token_bytes_table(V=97):
     return tb
 
 
-def nanochat_bpb(model, data, steps, token_bytes):
-    """nanochat's loss_eval.evaluate_bpb, written from its algorithm."""
+def nanochat_bpb(model, data, steps, token_bytes, softcap=None, cap_dtype=torch.float32):
+    """nanochat's loss_eval.evaluate_bpb, written from its algorithm; with
+    softcap, GPT.forward's cap on the head's logits first, in float32 as
+    nanochat applies it (``logits.float()``, then ``softcap * tanh(logits /
+    softcap)``), or in cap_dtype."""
     total_nats, total_bytes = 0.0, 0
     with torch.no_grad():
         for x, y in data[:steps]:
-            logits = model(x).double()
+            logits = model(x)
+            if softcap is not None:
+                logits = logits.to(cap_dtype)
+                logits = softcap * torch.tanh(logits / softcap)
+            logits = logits.double()
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1,
                                    reduction="none")
             yv = y.view(-1)
@@ -63,6 +70,23 @@ def test_evaluate_bpb_matches_nanochat():
     got = lmmetrics.evaluate_bpb(model, iter(data), 3, tb)
     assert got == pytest.approx(nanochat_bpb(model, data, 3, tb), rel=1e-6)
     assert got != pytest.approx(nanochat_bpb(model, data, 4, tb), rel=1e-6)  # reads exactly `steps`
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_evaluate_bpb_softcap_as_nanochat_applies_it(dtype):
+    """A model returning the head's raw logits (large: the cap matters), capped as nanochat's
+    GPT.forward caps them, against torch's float32 cap and float64 cross-entropy."""
+    tiny = TinyLM()
+    model = lambda x: (tiny(x) * 8).to(dtype)  # noqa: E731
+    data, tb = batches(), token_bytes_table()
+    assert model(data[0][0]).abs().max() > 30  # well into tanh's bend at softcap 15
+    got = lmmetrics.evaluate_bpb(model, iter(data), 3, tb, softcap=15.0)
+    assert got == pytest.approx(nanochat_bpb(model, data, 3, tb, softcap=15.0), rel=1e-6)
+    # the cap in float64 agrees as closely: float32's rounding of the cap moves the sixth digit no more
+    assert got == pytest.approx(nanochat_bpb(model, data, 3, tb, softcap=15.0, cap_dtype=torch.float64), rel=1e-6)
+    assert got != pytest.approx(lmmetrics.evaluate_bpb(model, iter(data), 3, tb), rel=1e-2)  # the cap applied
+    with pytest.raises(ValueError, match="softcap"):
+        lmmetrics.evaluate_bpb(model, iter(data), 1, tb, softcap=0.0)
 
 
 def test_evaluate_bpb_no_bytes_is_inf():
@@ -125,3 +149,114 @@ def test_all_reduce_across_two_gloo_processes(tmp_path):
             assert o["metrics"][k] == pytest.approx(v, rel=1e-12), k
     expected_bpb = nanochat_bpb(TinyLM(), batches(n=4), 4, token_bytes_table())
     assert outs[0]["bpb"] == outs[1]["bpb"] == pytest.approx(expected_bpb, rel=1e-6)
+
+
+# -- ranks that cannot be summed: every rank raises the same error, none hangs ---------------------
+
+MISMATCH_WORKER = textwrap.dedent("""
+    import datetime, json, sys
+    import numpy as np
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    import lmmetrics
+    from test_distributed import MISMATCH_CASES, mismatch_data
+
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    # a collective left waiting fails within 30 s instead of hanging
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    z, t, doc, tb = mismatch_data()
+    part = slice(rank * 20, rank * 20 + 20)
+    out = {}
+    for name in @CASES@:
+        settings, batch = MISMATCH_CASES[name][rank]
+        ev = lmmetrics.Evaluator(**{k: (tb if v == "tb" else v) for k, v in settings.items()})
+        if batch != "no batch":
+            ev.update(z[part], t[part], document_ids=doc[part] if batch == "documents" else None)
+        try:
+            out[name] = {"metrics": ev.all_reduce().compute().as_dict()}
+        except ValueError as e:
+            out[name] = {"error": str(e)}
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def mismatch_data():
+    rng = np.random.default_rng(3)
+    z = (rng.standard_normal((40, 50)) * 2).astype(np.float32)
+    t = rng.integers(-1, 50, 40)
+    return z, t, np.arange(40) // 6, rng.integers(0, 4, 50)
+
+
+#: case: ((rank 0's Evaluator settings, its batch), (rank 1's ...)); "tb" stands for the token_bytes table
+MISMATCH_CASES = {
+    "documents on one rank": (({}, "documents"), ({}, "plain")),
+    "top_k": (({"top_k": (1, 5)}, "plain"), ({"top_k": 1}, "plain")),
+    "calibration_bins": (({"calibration_bins": 10}, "plain"), ({"calibration_bins": 15}, "plain")),
+    "token_bytes given": (({"token_bytes": "tb"}, "plain"), ({}, "plain")),
+    "token_bytes table": (({"token_bytes": "tb"}, "plain"), ({"token_bytes": list(range(50))}, "plain")),
+    "softcap": (({"softcap": 30.0}, "plain"), ({}, "plain")),
+    "nll_only": (({"nll_only": True}, "plain"), ({}, "plain")),
+    "ignore_index": (({"ignore_index": -1}, "plain"), ({}, "plain")),
+    "several": (({"top_k": 2, "softcap": 30.0}, "documents"), ({}, "plain")),
+    # these sum: a rank without batches goes with either; the group still works after the errors
+    "documents, no batch on the other rank": (({}, "documents"), ({}, "no batch")),
+    "the same settings": (({"token_bytes": "tb", "top_k": (1, 5), "calibration_bins": 10}, "documents"),
+                          ({"token_bytes": "tb", "top_k": (1, 5), "calibration_bins": 10}, "documents")),
+}
+
+
+def _run_cases(names, tmp_path):
+    outs = run_gloo_workers(MISMATCH_WORKER.replace("@CASES@", repr(list(names))), tmp_path, timeout=90)
+    assert outs[0].keys() == outs[1].keys() == set(names)
+    return outs
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_all_reduce_refuses_documents_on_some_ranks_only(tmp_path):
+    """tokens would count every rank and the documents only those with ids: a wrong number, refused
+    as merge refuses it."""
+    outs = _run_cases(["documents on one rank", "documents, no batch on the other rank"], tmp_path)
+    for o in outs:
+        err = o["documents on one rank"].get("error", "")
+        assert "document_ids is given on rank 0, not given on rank 1" in err, o["documents on one rank"]
+        assert o["documents on one rank"] == outs[0]["documents on one rank"]
+    z, t, doc, _ = mismatch_data()
+    whole = lmmetrics.evaluate(z[:20], t[:20], document_ids=doc[:20]).as_dict()
+    for o in outs:
+        got = o["documents, no batch on the other rank"]["metrics"]
+        assert got.keys() == whole.keys() and got["documents"] == 4
+        for k, v in whole.items():
+            assert got[k] == (v if v is None else pytest.approx(v, rel=1e-12, nan_ok=True)), k
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_all_reduce_refuses_ranks_with_other_settings(tmp_path):
+    outs = _run_cases(list(MISMATCH_CASES)[1:], tmp_path)
+    expect = {
+        "top_k": ["top_k is (1, 5) on rank 0, (1,) on rank 1"],
+        "calibration_bins": ["calibration_bins is 10 on rank 0, 15 on rank 1"],
+        "token_bytes given": ["token_bytes is a table of 50 counts (digest ", " on rank 0, None on rank 1"],
+        "token_bytes table": ["token_bytes is a table of 50 counts (digest ", ") on rank 0, a table of 50 "],
+        "softcap": ["softcap is 30.0 on rank 0, None on rank 1"],
+        "nll_only": ["nll_only is True on rank 0, False on rank 1"],
+        "ignore_index": ["ignore_index is -1 on rank 0, -100 on rank 1"],
+        "several": ["softcap is 30.0 on rank 0, None on rank 1; top_k is (2,) on rank 0, None on rank 1; "
+                    "document_ids is given on rank 0, not given on rank 1"],
+    }
+    for name, parts in expect.items():
+        for o in outs:
+            err = o[name].get("error", "")
+            assert err.startswith("Evaluator.all_reduce: the ranks' Evaluators differ: "), (name, o[name])
+            assert all(p in err for p in parts), (name, err)
+            assert err == outs[0][name]["error"]  # every rank says the same
+    z, t, doc, tb = mismatch_data()
+    whole = lmmetrics.evaluate(z, t, token_bytes=tb, document_ids=doc, top_k=(1, 5), calibration_bins=10).as_dict()
+    for o in outs:  # after the refusals the group still sums
+        got = o["the same settings"]["metrics"]
+        assert got.keys() == whole.keys()
+        for k, v in whole.items():
+            assert got[k] == (v if v is None else pytest.approx(v, rel=1e-12, nan_ok=True)), k
+        got = o["documents, no batch on the other rank"]["metrics"]
+        assert got["documents"] == 4 and got["tokens"] == int(np.count_nonzero(t[:20] >= 0))

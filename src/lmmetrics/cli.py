@@ -28,7 +28,7 @@ from .comparison import comparison_from_tokens, token_values
 from .convert import LN2, bits_per_unit
 from .evaluation import Evaluator
 from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
-from .ranking import Calibration, calibration_of
+from .ranking import MAX_BINS, Calibration, _check_bins, calibration_of
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -548,6 +548,14 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
 
 
+def _bins(text: str) -> int:
+    v = _positive_int(text)
+    try:
+        return _check_bins(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _vocab(text: str) -> int:
     v = _positive_int(text)
     if v < 2:
@@ -706,8 +714,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE",
                    help="draw the mean NLL by position and the calibration curve into FILE (.png; needs "
                         "matplotlib)")
-    s.add_argument("--bins", type=_positive_int, default=15,
-                   help="--plot: calibration bins over [0, 1] (default 15)")
+    s.add_argument("--bins", type=_bins, default=15,
+                   help=f"--plot: calibration bins over [0, 1] (default 15, at most {MAX_BINS:,})")
     c = _subparser(sub, "compare", "a model's logits against a reference model's (llama.cpp's KLD statistics)",
                    "The statistics of llama-perplexity --kl-divergence for a model's LOGITS against a "
                    "reference\n(base) model's, on the same TARGETS: perplexities and their ratio, KL "

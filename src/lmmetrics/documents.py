@@ -22,6 +22,8 @@ from .convert import LN2
 #: the per-document sums, one column each (counts are exact in float64 below 2^53)
 COLUMNS = ("tokens", "nll_sum", "bytes", "nll_sum_bytes", "correct", "entropy_sum", "kl_tokens", "kl_sum")
 _COL = {name: i for i, name in enumerate(COLUMNS)}
+#: the columns that count (whole numbers)
+COUNTS = ("tokens", "bytes", "correct", "kl_tokens")
 
 
 class DocumentSums:
@@ -68,15 +70,32 @@ class DocumentSums:
         if not isinstance(state, Mapping) or set(state) != {"ids", *COLUMNS}:
             raise ValueError(f"Evaluator state: documents must be a mapping of ids and {list(COLUMNS)}")
         try:
-            ids = np.asarray(state["ids"], dtype=np.int64).reshape(-1)
-            sums = np.stack([np.asarray(state[c], dtype=np.float64).reshape(-1) for c in COLUMNS], axis=1) \
-                if ids.size else np.zeros((0, len(COLUMNS)))
+            raw = np.asarray(state["ids"])
+            cols = [np.asarray(state[c], dtype=np.float64) for c in COLUMNS]
         except (TypeError, ValueError, OverflowError) as e:
             raise ValueError(f"Evaluator state: documents hold non-numeric values ({e})") from None
-        if sums.shape[0] != ids.size or np.unique(ids).size != ids.size:
+        if raw.ndim != 1 or (raw.size and raw.dtype.kind not in "iu"):
+            raise ValueError(f"Evaluator state: documents' ids must be a list of integers, got {raw.dtype} "
+                             f"values shaped {raw.shape}")
+        if raw.dtype.kind == "u" and raw.size and int(raw.max()) > np.iinfo(np.int64).max:
+            raise ValueError("Evaluator state: documents' ids must fit in int64")
+        ids = raw.astype(np.int64)
+        for name, col in zip(COLUMNS, cols):
+            if col.shape != ids.shape:
+                raise ValueError(f"Evaluator state: documents hold {ids.size} ids and {name} shaped {col.shape}")
+        if np.unique(ids).size != ids.size:
             raise ValueError("Evaluator state: documents need one row of sums per distinct id")
+        sums = np.stack(cols, axis=1) if ids.size else np.zeros((0, len(COLUMNS)))
         if np.isnan(sums).any() or (sums < 0).any():
             raise ValueError("Evaluator state: documents' sums must be non-negative numbers")
+        counts = sums[:, [_COL[c] for c in COUNTS]]
+        if not (np.isfinite(counts) & (counts == np.rint(counts))).all():
+            raise ValueError(f"Evaluator state: documents' {list(COUNTS)} must be whole numbers")
+        tokens = sums[:, _COL["tokens"]]
+        if ids.size and not ((tokens >= 1) & (sums[:, _COL["correct"]] <= tokens)
+                             & (sums[:, _COL["kl_tokens"]] <= tokens)).all():
+            raise ValueError("Evaluator state: each document holds a counted token, and no more correct "
+                             "or kl_tokens than tokens")
         order = np.argsort(ids)
         return cls(ids[order], sums[order])
 

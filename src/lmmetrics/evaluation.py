@@ -10,6 +10,7 @@ nanochat's ``evaluate_bpb``.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -22,7 +23,7 @@ from ._inputs import as_index_array, as_table
 from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr
 from ._types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
-from .documents import DocumentSums, Documents
+from .documents import COLUMNS, DocumentSums, Documents
 from .metrics import units_of
 from .ranking import Calibration, calibration_of
 from .ranking import _check_bins
@@ -304,8 +305,9 @@ class Evaluator:
         cost.
     calibration_bins : int or None, default None
         Also bin the top token's probability (free in the pass) against
-        top-1 correctness into this many equal-width bins: ``ece`` and
-        ``calibration``. None: nothing, no cost.
+        top-1 correctness into this many equal-width bins, at most 100,000
+        (each bin is stored, empty or not): ``ece`` and ``calibration``.
+        None: nothing, no cost.
 
     Raises
     ------
@@ -339,7 +341,8 @@ class Evaluator:
                  num_threads: Optional[int] = None, nll_only: bool = False,
                  top_k: Union[None, int, Iterable[int]] = None, calibration_bins: Optional[int] = None):
         self.top_k = _check_top_k(top_k)
-        self.calibration_bins = None if calibration_bins is None else _check_bins(calibration_bins)
+        self.calibration_bins = None if calibration_bins is None else _check_bins(calibration_bins,
+                                                                                  "calibration_bins")
         self.ignore_index = _engine.check_ignore_index(ignore_index)
         self.shift = _engine.check_shift(shift)
         _engine.check_softcap(softcap)
@@ -351,6 +354,7 @@ class Evaluator:
         self.nll_only = bool(nll_only)
         self._token_bytes_in = token_bytes
         self._token_bytes: Optional[I64Array] = None
+        self._digest: Optional[Tuple[int, str]] = None  # token_bytes for all_reduce's check
         self._state = _Sums()
         self._docs: Optional[DocumentSums] = None  # with document_ids
         self._ranks = _RankSums(self.top_k) if self.top_k else None  # with top_k
@@ -698,7 +702,13 @@ class Evaluator:
         Raises
         ------
         ValueError
-            Negative, fractional or non-numeric counts, or a missing or unknown key.
+            A state that no :meth:`state_dict` of an Evaluator with these
+            settings gives: a missing or unknown key; negative, fractional
+            or non-numeric counts or sums; fractional or repeated document
+            ids or lists of unequal lengths; documents, ranks or calibration
+            bins that do not add up to the totals; byte sums without
+            ``token_bytes``, accuracy or entropy sums with ``nll_only``,
+            another ``top_k`` or ``calibration_bins``. Nothing changes then.
         """
         names = set(_COUNTS + _SUMS)
         missing = names - set(state)
@@ -721,9 +731,7 @@ class Evaluator:
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v < 0:
                 raise ValueError(f"Evaluator state: {k} must be a non-negative number, got {v!r}")
             new[k] = float(v)
-        if new["correct"] > new["tokens"] or new["same_top"] > new["kl_tokens"] or new["kl_tokens"] > new["tokens"]:
-            raise ValueError("Evaluator state: inconsistent counts (correct, kl_tokens and same_top "
-                             "cannot exceed tokens)")
+        st = _sums(new)
         docs = DocumentSums.from_state(state["documents"]) if "documents" in state else None
         ranks = _RankSums.from_state(self.top_k, state["rank"]) if self.top_k else None
         cal = self._cal
@@ -732,15 +740,59 @@ class Evaluator:
             if not isinstance(c, Mapping) or set(c) != {"counts", "conf_sum", "correct"}:
                 raise ValueError("Evaluator state: calibration must hold counts, conf_sum and correct")
             cal = _calibration_from(cal, c["counts"], c["conf_sum"], c["correct"])
-        self._state = _sums(new)
+        problem = self._state_problem(st, docs, ranks, cal)
+        if problem:
+            raise ValueError(f"Evaluator state: {problem} (not a state_dict of an Evaluator like this one)")
+        self._state = st
         self._docs, self._ranks, self._cal = docs, ranks, cal
+
+    def _state_problem(self, st: _Sums, docs: Optional[DocumentSums], ranks: Optional[_RankSums],
+                       cal: Optional[Calibration]) -> Optional[str]:
+        """What makes a state (its values each of the right type and sign)
+        one that no Evaluator with these settings holds: sums where there is
+        nothing to sum, a part above its whole, documents, ranks or bins
+        that do not add up to the totals; None when there is nothing."""
+        zero = {"no token is counted": (not st.tokens, [f for f in _COUNTS + _SUMS if f != "ignored"]),
+                "this Evaluator has no token_bytes": (self._token_bytes_in is None, list(_BYTE_FIELDS)),
+                "this Evaluator is nll_only": (self.nll_only, ["correct", "entropy_sum", "entropy_sq"]),
+                "kl_tokens is 0": (not st.kl_tokens, list(_REF_FIELDS))}
+        for why, (applies, names) in zero.items():
+            nonzero = [k for k in names if getattr(st, k)] if applies else []
+            if nonzero:
+                return f"{nonzero[0]} is {getattr(st, nonzero[0])} but {why}"
+        for part, whole in _PARTS:
+            if not _at_most(getattr(st, part), getattr(st, whole)):
+                return f"{part} ({getattr(st, part)}) exceeds {whole} ({getattr(st, whole)})"
+        if ranks is not None:
+            if any(h > st.tokens for h in ranks.hits) or ranks.hits != sorted(ranks.hits):
+                return f"rank hits {ranks.hits} must grow with k and not exceed tokens ({st.tokens})"
+            if not (_at_most(ranks.rr_sum, st.tokens) and _at_most(ranks.rr_sq, ranks.rr_sum)):
+                return "the reciprocal ranks' sums exceed what tokens allow (each is in (0, 1])"
+        if cal is not None:
+            if cal.total != st.tokens or (not self.nll_only and int(cal.correct.sum()) != st.correct):
+                return (f"the calibration bins hold {cal.total} tokens ({int(cal.correct.sum())} correct), "
+                        f"the state {st.tokens} ({st.correct} correct)")
+            lo, hi = cal.edges[:-1] * cal.counts, cal.edges[1:] * cal.counts
+            outside = ~((cal.conf_sum >= lo * (1 - _REL) - _ABS) & (cal.conf_sum <= hi * (1 + _REL) + _ABS))
+            if outside.any():
+                return f"bin {int(np.argmax(outside))}'s summed confidence lies outside its edges"
+        if docs is not None:
+            for name in COLUMNS:
+                total = float(np.sum(docs.column(name)))
+                mine = getattr(st, name)
+                if not (total == mine if name in _COUNTS else math.isclose(total, mine, rel_tol=_REL,
+                                                                            abs_tol=_ABS)):
+                    return f"the documents' {name} add up to {total:g}, the state's is {mine:g}"
+        return None
 
     def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed``.
 
         Every rank ends with the global sums. A no-op when torch.distributed is
-        not initialized. The sums travel as one float64 tensor, on the current
-        CUDA device for the nccl backend, on the CPU otherwise.
+        not initialized. The ranks' settings are compared first (a few int64
+        numbers a rank); then the sums travel as one float64 tensor, on the
+        current CUDA device for the nccl backend, on the CPU otherwise, and
+        with ``document_ids`` each rank's documents are gathered.
 
         Parameters
         ----------
@@ -751,22 +803,46 @@ class Evaluator:
         -------
         Evaluator
             ``self``.
+
+        Raises
+        ------
+        ValueError
+            On every rank alike, before any sum moves, when the ranks'
+            Evaluators differ in ``ignore_index``, ``softcap``, ``nll_only``,
+            ``top_k``, ``calibration_bins`` or ``token_bytes`` (given or not,
+            or another table), or when some ranks' batches had
+            ``document_ids`` and others' had none (a rank without batches
+            goes with either). The message names what differs on which rank.
         """
         import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return self
-        state = asdict(self._state)
         device: Union[str, torch.device] = "cpu"
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        # the sums, and the number of ranks holding documents (the last entry)
+        # first the settings, a fixed number of int64s from each rank: the sizes of what follows depend on them
+        mine = self._settings()
+        sent = torch.tensor([v for v, _ in mine.values()], dtype=torch.int64, device=device)
+        parts = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, sent, group=group)
+        table = [p.cpu().tolist() for p in parts]  # each rank's settings, the same list on every rank
+        docs_by_rank = [row[list(mine).index("document_ids")] for row in table]
+        differ = [name for i, name in enumerate(mine) if len({row[i] for row in table}) > 1
+                  and (name != "document_ids" or {_WITH_DOCS, _WITHOUT_DOCS} <= set(docs_by_rank))]
+        if differ:
+            shown: List[Any] = [None] * len(table)  # every rank takes this branch: the same table says so
+            dist.all_gather_object(shown, {k: text for k, (_, text) in mine.items()}, group=group)
+            raise ValueError("Evaluator.all_reduce: the ranks' Evaluators differ: " + "; ".join(
+                f"{name} is {_by_rank([s[name] for s in shown])}" for name in differ)
+                + ". Give every rank's Evaluator the same settings, and document_ids to every batch on "
+                "every rank or to none")
+        state = asdict(self._state)
         extra: List[float] = [] if self._ranks is None else self._ranks.flat()
         if self._cal is not None:
             extra += self._cal.counts.tolist() + self._cal.conf_sum.tolist() + self._cal.correct.tolist()
-        vals = torch.tensor([float(v) for v in state.values()] + extra + [float(self._docs is not None)],
-                            dtype=torch.float64, device=device)
+        vals = torch.tensor([float(v) for v in state.values()] + extra, dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
         values = vals.cpu().tolist()
         at = len(state)
@@ -778,8 +854,8 @@ class Evaluator:
             self._cal = _calibration_from(self._cal, values[at:at + b], values[at + b:at + 2 * b],
                                           values[at + 2 * b:at + 3 * b])
         docs = self._docs
-        if values[-1]:  # some rank has documents: every rank's are gathered and added
-            gathered: List[Any] = [None] * dist.get_world_size(group)
+        if _WITH_DOCS in docs_by_rank:  # some rank has documents: every rank's are gathered and added
+            gathered: List[Any] = [None] * len(table)
             dist.all_gather_object(gathered, None if docs is None else docs.state(), group=group)
             docs = DocumentSums()
             for part in gathered:
@@ -788,6 +864,23 @@ class Evaluator:
         self._state = _sums(dict(zip(state, values[:len(state)])))
         self._docs = docs
         return self
+
+    def _settings(self) -> Dict[str, Tuple[int, str]]:
+        """What must agree across the ranks of an all-reduce, each as an
+        int64 (a digest for a tuple or a table) and as text for an error:
+        the settings merge checks, and whether the batches had document_ids
+        (a rank without batches goes with either)."""
+        if self._digest is None:
+            self._digest = _table_digest(self._token_bytes_in)
+        seen = self._state.tokens + self._state.ignored > 0 or self._docs is not None
+        docs = _WITH_DOCS if self._docs is not None else _WITHOUT_DOCS if seen else 0
+        return {"ignore_index": (self.ignore_index, str(self.ignore_index)),
+                "softcap": (_float_bits(self.softcap), repr(self.softcap)),
+                "nll_only": (int(self.nll_only), str(self.nll_only)),
+                "top_k": (_digest(repr(self.top_k).encode()), str(self.top_k or None)),
+                "calibration_bins": (self.calibration_bins or 0, str(self.calibration_bins)),
+                "token_bytes": self._digest,
+                "document_ids": (docs, ("given", "not given")[docs - 1] if docs else "no batch")}
 
     def __repr__(self) -> str:
         return f"Evaluator(tokens={self._state.tokens}, ignore_index={self.ignore_index})"
@@ -806,6 +899,21 @@ def state_from_floats(values: Mapping[str, float]) -> Dict[str, Union[int, float
     """An Evaluator state from sums carried as floats (counts rounded back
     to integers), e.g. after a float64 all-reduce."""
     return {k: int(round(v)) if k in _COUNTS else float(v) for k, v in values.items()}
+
+
+#: fields that stay 0 without token_bytes, and without reference logits
+_BYTE_FIELDS = ("bytes", "nll_sum_bytes", "nll_sq_bytes", "nll_bytes_product", "bytes_sq")
+_REF_FIELDS = ("same_top", "kl_sum", "kl_sq", "nll_sum_paired", "ref_nll_sum", "diff_sq")
+#: (part, whole): a sum over some of the tokens of another
+_PARTS = (("correct", "tokens"), ("kl_tokens", "tokens"), ("same_top", "kl_tokens"),
+          ("nll_sum_bytes", "nll_sum"), ("nll_sq_bytes", "nll_sq"), ("nll_sum_paired", "nll_sum"))
+#: how far float64 sums of the same values added in another order may differ
+_REL, _ABS = 1e-6, 1e-9
+
+
+def _at_most(part: float, whole: float) -> bool:
+    """part <= whole, up to the rounding of sums added in another order."""
+    return part <= whole + _REL * whole + _ABS
 
 
 def _check_top_k(top_k: Union[None, int, Iterable[int]]) -> Tuple[int, ...]:
@@ -912,6 +1020,46 @@ def _merged_documents(a: Evaluator, b: Evaluator) -> Optional[DocumentSums]:
     return docs
 
 
+_WITH_DOCS, _WITHOUT_DOCS = 1, 2  # a rank's batches in Evaluator._settings (0: none yet)
+
+
+def _by_rank(texts: List[str]) -> str:
+    """Each distinct text with the ranks that hold it: "a on ranks [0, 2], b on rank 1"."""
+    ranks: Dict[str, List[int]] = {}
+    for r, t in enumerate(texts):
+        ranks.setdefault(t, []).append(r)
+    return ", ".join(f"{t} on {_ranks_text(rs)}" for t, rs in ranks.items())
+
+
+def _ranks_text(ranks: List[int]) -> str:
+    """"rank 3", "ranks [0, 2]", the first eight of many then "..."."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks [" + ", ".join(map(str, ranks[:8])) + (", ...]" if len(ranks) > 8 else "]")
+
+
+def _digest(data: bytes) -> int:
+    """A 64-bit digest as a signed int (an int64 on every rank alike)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _float_bits(x: Optional[float]) -> int:
+    """A float (0.0 for None) as the int64 of its bits."""
+    return int(np.float64(0.0 if x is None else x).view(np.int64))
+
+
+def _table_digest(table: Any) -> Tuple[int, str]:
+    """token_bytes as a digest of its counts (0 without) and as text."""
+    if table is None:
+        return 0, "None"
+    try:
+        a = as_index_array(table, "token_bytes")
+    except (TypeError, ValueError):
+        return -1, "not a table"  # refused at the first batch; no rank holds a sum yet
+    d = _digest(repr(a.shape).encode() + a.astype(np.int64).tobytes())
+    return d, f"a table of {a.size} counts (digest {d & (2**64 - 1):016x})"
+
+
 def _same_table(a: Any, b: Any) -> bool:
     """Whether two token_bytes tables hold the same counts."""
     if a is b:
@@ -975,7 +1123,8 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         Also each target's rank, in the same pass: ``top_k_accuracy`` for
         each k and ``mean_reciprocal_rank`` (see :class:`Evaluator`).
     calibration_bins : int or None, default None
-        Also ``ece`` and ``calibration`` over this many confidence bins.
+        Also ``ece`` and ``calibration`` over this many confidence bins (at
+        most 100,000).
 
     Returns
     -------
@@ -1018,7 +1167,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
 
 
 def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]], steps: int,
-                 token_bytes: Any) -> float:
+                 token_bytes: Any, *, softcap: Optional[float] = None) -> float:
     """Bits per byte of ``model`` over ``steps`` batches: a drop-in for
     nanochat's ``loss_eval.evaluate_bpb``.
 
@@ -1037,6 +1186,12 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     token_bytes : array_like or torch.Tensor
         ``token_bytes[v]`` is the byte length of token ``v``; 0 for special
         tokens, which leave both sums.
+    softcap : float or None, default None
+        For a ``model`` that returns the head's raw logits: apply
+        nanochat's ``softcap * tanh(logits / softcap)`` to them first, in
+        float32 for 16- and 32-bit logits as nanochat does after
+        ``logits.float()`` (float64 logits in float64). None: the logits are
+        read as they come (nanochat's ``GPT.forward`` already caps them).
 
     Returns
     -------
@@ -1061,7 +1216,8 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     import torch
     import torch.distributed as dist
 
-    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False)  # y is aligned with x
+    ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False,  # y is aligned with x
+                   softcap=softcap)
     it = iter(batches)
     with torch.no_grad():
         for _ in range(steps):
