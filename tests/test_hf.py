@@ -5,6 +5,8 @@ of lm-evaluation-harness's ``_loglikelihood_tokens`` arithmetic."""
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 import lmmetrics
 from lmmetrics import _engine
 

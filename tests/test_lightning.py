@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchmetrics")
 L = pytest.importorskip("lightning")

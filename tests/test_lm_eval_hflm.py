@@ -5,6 +5,8 @@ lm-eval's model encodes them (special tokens included, as lm-eval >= 0.4.9.2
 does) and its prefix token."""
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 import lmmetrics
 
 torch = pytest.importorskip("torch")

@@ -6,6 +6,8 @@ import math
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 import lmmetrics
 from helpers import log_softmax
 

@@ -10,6 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 torch = pytest.importorskip("torch")
 tm = pytest.importorskip("torchmetrics")
 from torchmetrics.text import Perplexity as TMPerplexity  # noqa: E402

@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 

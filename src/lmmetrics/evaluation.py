@@ -788,7 +788,7 @@ class Evaluator:
     def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed``.
 
-        Every rank ends with the global sums. A no-op when torch.distributed is
+        Every rank ends with the global sums. A no-op without torch or when torch.distributed is
         not initialized. The ranks' settings are compared first (a few int64
         numbers a rank); then the sums travel as one float64 tensor, on the
         current CUDA device for the nccl backend, on the CPU otherwise, and
@@ -814,9 +814,11 @@ class Evaluator:
             ``document_ids`` and others' had none (a rank without batches
             goes with either). The message names what differs on which rank.
         """
-        import torch
-        import torch.distributed as dist
-
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:  # without torch there are no ranks to reduce over
+            return self
         if not (dist.is_available() and dist.is_initialized()):
             return self
         device: Union[str, torch.device] = "cpu"
