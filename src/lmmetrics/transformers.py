@@ -6,7 +6,7 @@ the evaluation set, each with its standard error, where the Trainer would
 otherwise keep every batch's ``(B, T, V)`` logits until the end.
 
 ``preprocess_logits_for_metrics`` reduces each batch, on its device, to one
-float64 row of sums per sequence (that sequence's :class:`lmmetrics.Evaluator`
+float64 row of sums per sequence (that sequence's ``lmmetrics.Evaluator``
 state: counts, NLL, entropy and byte sums and their squares, rank hits,
 calibration bins); the Trainer gathers those rows across ranks with
 ``gather_for_metrics``, which drops the samples a distributed sampler
@@ -84,11 +84,11 @@ class TrainerMetrics:
     ``token_bytes``), ``top_<k>_accuracy`` and ``mean_reciprocal_rank``
     (with ``top_k``), ``ece`` (with ``calibration_bins``). Each mean has
     ``<name>_stderr``, its standard error with tokens taken as independent
-    (as :attr:`lmmetrics.Metrics.stderr`), and ``<name>_stderr_sequences``,
+    (as ``lmmetrics.Metrics.stderr``), and ``<name>_stderr_sequences``,
     the standard error with each sequence a cluster of dependent tokens (as
-    :attr:`lmmetrics.Metrics.stderr_documents`, one document a sequence:
-    usually the larger, and the honest one). :attr:`metrics` holds the whole
-    :class:`lmmetrics.Metrics` of the last evaluation (per-sequence values
+    ``lmmetrics.Metrics.stderr_documents``, one document a sequence:
+    usually the larger, and the honest one). ``metrics`` holds the whole
+    ``lmmetrics.Metrics`` of the last evaluation (per-sequence values
     in ``per_document``, in the order the Trainer gathered them).
 
     Labels are the Trainer's (Hugging Face's unshifted ``labels``: position
@@ -116,7 +116,7 @@ class TrainerMetrics:
     ------
     ValueError, TypeError
         An option out of range or of the wrong type (as for
-        :class:`lmmetrics.Evaluator`).
+        ``lmmetrics.Evaluator``).
 
     Examples
     --------
@@ -134,8 +134,10 @@ class TrainerMetrics:
     >>> m = tm.compute_metrics(SimpleNamespace(predictions=rows.numpy(), label_ids=labels.numpy()))
     >>> m["tokens"], m["sequences"]
     (6, 2)
-    >>> abs(m["perplexity"] - torch.exp(torch.tensor(m["token_loss"])).item()) < 1e-9
-    True
+    >>> list(m)                     # the Trainer logs them as eval_tokens, eval_sequences, ...
+    ['tokens', 'sequences', 'token_loss', 'token_loss_stderr', 'token_loss_stderr_sequences', 'perplexity',
+     'accuracy', 'accuracy_stderr', 'accuracy_stderr_sequences', 'entropy', 'entropy_stderr',
+     'entropy_stderr_sequences']
     """
 
     def __init__(self, token_bytes: Any = None, top_k: Union[None, int, Iterable[int]] = None,
@@ -148,7 +150,7 @@ class TrainerMetrics:
         self.width = 1 + len(_flat(self._template))
         self._doc_columns = [1 + names.index(c) for c in COLUMNS]  # the per-sequence sums, in COLUMNS' order
         self._tokens_column = 1 + names.index("tokens")
-        #: the :class:`lmmetrics.Metrics` of the last evaluation (None before one)
+        #: the ``lmmetrics.Metrics`` of the last evaluation (None before one)
         self.metrics: Optional[Metrics] = None
         self.reset()
 
@@ -193,7 +195,7 @@ class TrainerMetrics:
         ValueError
             No labels (the dataset has no ``labels``), several label
             tensors, logits that are not (B, T, V), or what
-            :meth:`lmmetrics.Evaluator.update` refuses (a label >= V, NaN
+            ``lmmetrics.Evaluator.update`` refuses (a label >= V, NaN
             logits at a counted position, shapes that do not match).
         """
         if isinstance(logits, (tuple, list)):
@@ -242,7 +244,7 @@ class TrainerMetrics:
         ----------
         eval_pred : transformers.EvalPrediction
             Its ``predictions`` are the rows of
-            :meth:`preprocess_logits_for_metrics` (numpy, or a tensor with
+            ``preprocess_logits_for_metrics`` (numpy, or a tensor with
             ``batch_eval_metrics``; the Trainer's padding rows of -100 are
             dropped); ``label_ids`` are not read.
         compute_result : bool or None, default None
