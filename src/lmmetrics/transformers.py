@@ -18,7 +18,7 @@ imports neither, and this module does not import transformers.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -37,20 +37,22 @@ _REPORTED = {"tokens": "tokens", "loss": "token_loss", "perplexity": "perplexity
 _PAD = -100.0
 
 
-def _flat(state: Mapping[str, Any]) -> List[float]:
-    """An Evaluator state_dict's numbers in order, as floats (the ranks'
-    list of k, fixed by the settings, left out)."""
-    out: List[float] = []
+def _leaves(state: Mapping[str, Any]) -> List[Tuple[str, float]]:
+    """An Evaluator state_dict's numbers in order, each with its name
+    (``rank.hits``, ...), as floats; the ranks' list of k, fixed by the
+    settings, is left out."""
+    out: List[Tuple[str, float]] = []
     for key, v in state.items():
-        for name, x in (v.items() if isinstance(v, Mapping) else [(key, v)]):
+        for name, x in (v.items() if isinstance(v, Mapping) else [(None, v)]):
             if key == "rank" and name == "k":
                 continue
-            out.extend(float(e) for e in (x if isinstance(x, list) else [x]))
+            label = key if name is None else f"{key}.{name}"
+            out.extend((label, float(e)) for e in (x if isinstance(x, list) else [x]))
     return out
 
 
 def _unflat(template: Mapping[str, Any], values: F64Array) -> Dict[str, Any]:
-    """The inverse of ``_flat`` for a state shaped like ``template``: the
+    """The inverse of ``_leaves`` for a state shaped like ``template``: the
     numbers in its order, integers (rounded) where the template has
     integers."""
     it = iter(values.tolist())
@@ -145,11 +147,12 @@ class TrainerMetrics:
         self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=True, top_k=top_k,
                                     calibration_bins=calibration_bins)
         self._template = self._evaluator.state_dict()
-        names = list(self._template)
-        #: row layout: column 0 is 1 (a sequence), then the flat state
-        self.width = 1 + len(_flat(self._template))
-        self._doc_columns = [1 + names.index(c) for c in COLUMNS]  # the per-sequence sums, in COLUMNS' order
-        self._tokens_column = 1 + names.index("tokens")
+        # a row: 1 (one sequence), then the sequence's state, number by number
+        names = ["sequences"] + [name for name, _ in _leaves(self._template)]
+        #: the width of a row
+        self.width = len(names)
+        self._doc_columns = [names.index(c) for c in COLUMNS]  # the per-sequence sums, in COLUMNS' order
+        self._tokens_column = names.index("tokens")
         #: the ``lmmetrics.Metrics`` of the last evaluation (None before one)
         self.metrics: Optional[Metrics] = None
         self.reset()
@@ -214,7 +217,7 @@ class TrainerMetrics:
         for b in range(int(logits.shape[0])):
             ev.reset()
             ev.update(logits[b], labels[b])
-            rows.append([1.0] + _flat(ev.state_dict()))
+            rows.append([1.0] + [v for _, v in _leaves(ev.state_dict())])
         ev.reset()
         return torch.tensor(rows, dtype=torch.float64, device=logits.device).reshape(-1, self.width)
 
