@@ -1,0 +1,298 @@
+"""Metrics of a Hugging Face ``Trainer``'s evaluation, without its logits.
+
+``Trainer(..., **TrainerMetrics().hooks())`` gives ``trainer.evaluate()``
+the perplexity, token-weighted loss, accuracy, entropy and bits per byte of
+the evaluation set, each with its standard error, where the Trainer would
+otherwise keep every batch's ``(B, T, V)`` logits until the end.
+
+``preprocess_logits_for_metrics`` reduces each batch, on its device, to one
+float64 row of sums per sequence (that sequence's ``lmmetrics.Evaluator``
+state: counts, NLL, entropy and byte sums and their squares, rank hits,
+calibration bins); the Trainer gathers those rows across ranks with
+``gather_for_metrics``, which drops the samples a distributed sampler
+repeated, row by row. ``compute_metrics`` adds the rows up and reports them
+through an Evaluator, so every number and standard error is the library's.
+
+Needs torch (the rows are tensors), not transformers: ``import lmmetrics``
+imports neither, and this module does not import transformers.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from ._types import F64Array
+from .documents import COLUMNS
+from .evaluation import Evaluator, Metrics
+
+__all__ = ["TrainerMetrics"]
+
+#: the fields of Metrics.as_dict() that TrainerMetrics reports, under their Trainer names
+_REPORTED = {"tokens": "tokens", "loss": "token_loss", "perplexity": "perplexity", "accuracy": "accuracy",
+             "entropy": "entropy", "bits_per_byte": "bits_per_byte", "mean_reciprocal_rank": "mean_reciprocal_rank",
+             "ece": "ece"}
+#: the value a Trainer pads predictions with (pad_across_processes, nested concatenation)
+_PAD = -100.0
+
+
+def _leaves(state: Mapping[str, Any]) -> List[Tuple[str, float]]:
+    """An Evaluator state_dict's numbers in order, each with its name
+    (``rank.hits``, ...), as floats; the ranks' list of k, fixed by the
+    settings, is left out."""
+    out: List[Tuple[str, float]] = []
+    for key, v in state.items():
+        for name, x in (v.items() if isinstance(v, Mapping) else [(None, v)]):
+            if key == "rank" and name == "k":
+                continue
+            label = key if name is None else f"{key}.{name}"
+            out.extend((label, float(e)) for e in (x if isinstance(x, list) else [x]))
+    return out
+
+
+def _unflat(template: Mapping[str, Any], values: F64Array) -> Dict[str, Any]:
+    """The inverse of ``_leaves`` for a state shaped like ``template``: the
+    numbers in its order, integers (rounded) where the template has
+    integers."""
+    it = iter(values.tolist())
+
+    def take(like: Any) -> Any:
+        if isinstance(like, list):
+            return [take(e) for e in like]
+        v = next(it)
+        return int(round(v)) if isinstance(like, int) else v
+
+    out: Dict[str, Any] = {}
+    for key, v in template.items():
+        if isinstance(v, Mapping):
+            out[key] = {name: x if key == "rank" and name == "k" else take(x) for name, x in v.items()}
+        else:
+            out[key] = take(v)
+    return out
+
+
+class TrainerMetrics:
+    """A Hugging Face ``Trainer``'s ``preprocess_logits_for_metrics`` and
+    ``compute_metrics``: the lmmetrics numbers of an evaluation, summed over
+    tokens in float64, without keeping the logits.
+
+    ``Trainer(model=..., args=..., eval_dataset=..., **tm.hooks())``; then
+    ``trainer.evaluate()`` reports, each prefixed ``eval_`` by the Trainer:
+    ``tokens`` (counted tokens), ``sequences`` (sequences evaluated, each
+    once across ranks), ``token_loss`` (the mean NLL over all counted
+    tokens), ``perplexity`` (``exp(token_loss)``), ``accuracy`` (top-1),
+    ``entropy`` (mean predictive entropy), ``bits_per_byte`` (with
+    ``token_bytes``), ``top_<k>_accuracy`` and ``mean_reciprocal_rank``
+    (with ``top_k``), ``ece`` (with ``calibration_bins``). Each mean has
+    ``<name>_stderr``, its standard error with tokens taken as independent
+    (as ``lmmetrics.Metrics.stderr``), and ``<name>_stderr_sequences``,
+    the standard error with each sequence a cluster of dependent tokens (as
+    ``lmmetrics.Metrics.stderr_documents``, one document a sequence:
+    usually the larger, and the honest one). ``metrics`` holds the whole
+    ``lmmetrics.Metrics`` of the last evaluation (per-sequence values
+    in ``per_document``, in the order the Trainer gathered them).
+
+    Labels are the Trainer's (Hugging Face's unshifted ``labels``: position
+    t is scored against label t + 1), ``-100`` (and any negative label)
+    not counted. Works with ``batch_eval_metrics=True`` (the rows are added
+    up batch by batch, reported at the last one), with
+    ``eval_accumulation_steps``, with ``eval_do_concat_batches=False`` and
+    on several ranks (DDP).
+
+    Parameters
+    ----------
+    token_bytes : array_like, torch.Tensor or None, default None
+        ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
+        special tokens, one entry per column of the logits
+        (``lmmetrics.token_bytes(tokenizer, size=model.config.vocab_size)``).
+        Gives ``bits_per_byte``.
+    top_k : int, sequence of int or None, default None
+        Also ``top_<k>_accuracy`` for each k and ``mean_reciprocal_rank``.
+    calibration_bins : int or None, default None
+        Also ``ece`` over this many equal-width confidence bins.
+    ignore_index : int or None, default -100
+        Labels equal to it are not counted, nor is any negative label.
+
+    Raises
+    ------
+    ValueError, TypeError
+        An option out of range or of the wrong type (as for
+        ``lmmetrics.Evaluator``).
+
+    Examples
+    --------
+    What the Trainer does with the two hooks, by hand:
+
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> from lmmetrics.transformers import TrainerMetrics
+    >>> tm = TrainerMetrics()
+    >>> logits = torch.randn(2, 5, 10)                           # a batch's logits (B, T, V)
+    >>> labels = torch.tensor([[-100, 1, 2, 3, -100], [-100, -100, 4, 5, 6]])
+    >>> rows = tm.preprocess_logits_for_metrics(logits, labels)   # one row of sums a sequence
+    >>> rows.shape[0], rows.dtype
+    (2, torch.float64)
+    >>> m = tm.compute_metrics(SimpleNamespace(predictions=rows.numpy(), label_ids=labels.numpy()))
+    >>> m["tokens"], m["sequences"]
+    (6, 2)
+    >>> list(m)                     # the Trainer logs them as eval_tokens, eval_sequences, ...
+    ['tokens', 'sequences', 'token_loss', 'token_loss_stderr', 'token_loss_stderr_sequences', 'perplexity',
+     'accuracy', 'accuracy_stderr', 'accuracy_stderr_sequences', 'entropy', 'entropy_stderr',
+     'entropy_stderr_sequences']
+    """
+
+    def __init__(self, token_bytes: Any = None, top_k: Union[None, int, Iterable[int]] = None,
+                 calibration_bins: Optional[int] = None, ignore_index: Optional[int] = -100) -> None:
+        self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=True, top_k=top_k,
+                                    calibration_bins=calibration_bins)
+        self._template = self._evaluator.state_dict()
+        # a row: 1 (one sequence), then the sequence's state, number by number
+        names = ["sequences"] + [name for name, _ in _leaves(self._template)]
+        #: the width of a row
+        self.width = len(names)
+        self._doc_columns = [names.index(c) for c in COLUMNS]  # the per-sequence sums, in COLUMNS' order
+        self._tokens_column = names.index("tokens")
+        #: the ``lmmetrics.Metrics`` of the last evaluation (None before one)
+        self.metrics: Optional[Metrics] = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the rows added so far (``batch_eval_metrics``): the next
+        evaluation starts afresh. Done after each result; call it after an
+        evaluation that stopped before its last batch."""
+        self._total: F64Array = np.zeros(self.width)
+        self._docs: List[F64Array] = []
+
+    def hooks(self) -> Dict[str, Callable[..., Any]]:
+        """The Trainer's keyword arguments: ``Trainer(..., **tm.hooks())``.
+
+        Returns
+        -------
+        dict
+            ``{"preprocess_logits_for_metrics": ..., "compute_metrics": ...}``.
+        """
+        return {"preprocess_logits_for_metrics": self.preprocess_logits_for_metrics,
+                "compute_metrics": self.compute_metrics}
+
+    def preprocess_logits_for_metrics(self, logits: Any, labels: Any) -> torch.Tensor:
+        """A batch's logits made one row of sums per sequence.
+
+        Parameters
+        ----------
+        logits : torch.Tensor (B, T, V) or tuple
+            The model's logits (the first element of a tuple of outputs),
+            in any float dtype, on any device.
+        labels : torch.Tensor (B, T)
+            The batch's unshifted labels, ``-100`` where not counted (also
+            where the Trainer padded the batch across ranks).
+
+        Returns
+        -------
+        torch.Tensor (B, width)
+            float64, on the logits' device: each sequence's sums, for the
+            Trainer to gather (it never sees a ``(B, T, V)`` result).
+
+        Raises
+        ------
+        ValueError
+            No labels (the dataset has no ``labels``), several label
+            tensors, logits that are not (B, T, V), or what
+            ``lmmetrics.Evaluator.update`` refuses (a label >= V, NaN
+            logits at a counted position, shapes that do not match).
+        """
+        if isinstance(logits, (tuple, list)):
+            logits = logits[0]
+        if labels is None:
+            raise ValueError("TrainerMetrics needs labels: the evaluation batches have none (give the dataset "
+                             "a 'labels' column, or set TrainingArguments(label_names=[...]))")
+        if isinstance(labels, (tuple, list)):
+            raise ValueError(f"TrainerMetrics needs one labels tensor, got a tuple of {len(labels)} "
+                             f"(TrainingArguments.label_names names several)")
+        if getattr(logits, "ndim", None) != 3:
+            raise ValueError(f"TrainerMetrics needs logits shaped (batch, time, vocabulary), got shape "
+                             f"{tuple(getattr(logits, 'shape', ()))}")
+        ev = self._evaluator
+        rows = []
+        for b in range(int(logits.shape[0])):
+            ev.reset()
+            ev.update(logits[b], labels[b])
+            rows.append([1.0] + [v for _, v in _leaves(ev.state_dict())])
+        ev.reset()
+        return torch.tensor(rows, dtype=torch.float64, device=logits.device).reshape(-1, self.width)
+
+    def _rows(self, predictions: Any) -> F64Array:
+        """The gathered predictions as (N, width) float64 rows, the rows of
+        padding dropped."""
+        if isinstance(predictions, (list, tuple)):  # eval_do_concat_batches=False: one array a batch
+            parts = [self._rows(p) for p in predictions]
+            return np.concatenate(parts) if parts else np.zeros((0, self.width))
+        if isinstance(predictions, torch.Tensor):
+            predictions = predictions.detach().cpu().numpy()
+        rows: F64Array = np.asarray(predictions, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != self.width:
+            raise ValueError(f"compute_metrics got predictions of shape {rows.shape}, not TrainerMetrics' rows "
+                             f"(N, {self.width}): give the Trainer both hooks, Trainer(..., **tm.hooks()), from "
+                             f"one TrainerMetrics")
+        rows = rows[~np.all(rows == _PAD, axis=1)]
+        if rows.size and not np.all(rows[:, 0] == 1.0):
+            raise ValueError("compute_metrics got rows that are neither TrainerMetrics' nor the Trainer's "
+                             "padding: give the Trainer both hooks from one TrainerMetrics")
+        return rows
+
+    def compute_metrics(self, eval_pred: Any, compute_result: Optional[bool] = None) -> Dict[str, float]:
+        """The metrics of the gathered rows.
+
+        Parameters
+        ----------
+        eval_pred : transformers.EvalPrediction
+            Its ``predictions`` are the rows of
+            ``preprocess_logits_for_metrics`` (numpy, or a tensor with
+            ``batch_eval_metrics``; the Trainer's padding rows of -100 are
+            dropped); ``label_ids`` are not read.
+        compute_result : bool or None, default None
+            Passed by the Trainer with ``batch_eval_metrics=True``: False
+            adds the batch's rows and returns ``{}``, True adds them and
+            returns the metrics of every row added since the last result.
+            None (without ``batch_eval_metrics``): the metrics of these rows.
+
+        Returns
+        -------
+        dict of str to float
+            The keys of the class description (the Trainer prefixes
+            ``eval_``); ``tokens`` and ``sequences`` are integers. Never
+            ``loss``, which would replace the Trainer's ``eval_loss``.
+        """
+        rows = self._rows(eval_pred.predictions)
+        if compute_result is None:
+            self.reset()
+        self._total += rows.sum(axis=0)
+        counted = rows[:, self._tokens_column] > 0
+        self._docs.append(rows[counted][:, self._doc_columns])
+        if compute_result is False:
+            return {}
+        total, docs = self._total, np.concatenate(self._docs)
+        self.reset()
+        state = _unflat(self._template, total[1:])
+        state["documents"] = {"ids": list(range(docs.shape[0])),
+                              **{c: docs[:, i].tolist() for i, c in enumerate(COLUMNS)}}
+        ev = self._evaluator
+        ev.load_state_dict(state)
+        m = self.metrics = ev.compute()
+        ev.reset()
+        out: Dict[str, float] = {}
+        for key, value in m.as_dict().items():
+            base, _, tail = key.partition("_stderr")
+            name = _REPORTED.get(base) or (base if base.startswith("top_") and base.endswith("_accuracy") else None)
+            if name is None or value is None:
+                continue
+            if key == base:
+                suffix = ""
+            elif tail in ("", "_documents"):
+                suffix = "_stderr" if not tail else "_stderr_sequences"
+            else:
+                continue
+            out[name + suffix] = value if isinstance(value, int) else float(value)
+            if key == "tokens":
+                out["sequences"] = int(round(total[0]))
+        return out
