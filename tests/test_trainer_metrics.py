@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m peers
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from lmmetrics.transformers import TrainerMetrics  # noqa: E402
