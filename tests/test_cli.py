@@ -454,6 +454,20 @@ def test_compare_format_llama_cpp(files, capsys):
         assert "needs --format table" in main_error(capsys, *args, "--format", "llama.cpp", *bad)
 
 
+def test_compare_format_llama_cpp_identical_models(files, capsys):
+    """A model against itself: llama.cpp's RMS Δp uncertainty is 0.5 / 0
+    times 0, which it prints as -nan (x86-64's default NaN; nan elsewhere)."""
+    from lmmetrics.cli import main
+    from test_compare import X86_64
+
+    d, z, r, t, tb = files
+    assert main(["compare", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "z.npy"),
+                 "--format", "llama.cpp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"RMS Δp    :  0.000 ± {' -nan' if X86_64 else '  nan'} %" in lines
+    assert "Same top p: 100.000 ± 0.000 %" in lines
+
+
 def test_score_table_units(files, capsys):
     from lmmetrics.cli import main
 
