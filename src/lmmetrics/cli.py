@@ -305,6 +305,10 @@ class _TokenOutputs:
         self.ignore = check_ignore_index(args.ignore_index)
         self.writer: Optional[TokenWriter] = None
         self.wanted: Dict[str, bool] = {}
+        # the file's columns, whatever the rows (none at all included)
+        self.columns = [("sequence", np.int64), ("position", np.int64), ("target", np.int64), ("nll", np.float64),
+                        ("rank", np.int64), ("entropy", np.float64)] + \
+            ([("kl", np.float64)] if args.reference is not None else [])
         if args.per_token:
             check_token_path(args.per_token)
             self.wanted["rank"] = True
@@ -325,7 +329,7 @@ class _TokenOutputs:
             return
         lead = tuple(int(n) for n in shape[:-1])
         steps = lead[-1] if lead else 1
-        t2 = np.asarray(t).reshape(-1, steps)
+        t2 = np.asarray(t).reshape(math.prod(lead[:-1]), steps)  # (0, V) is one sequence of no position
         first = 1 if self.args.shift else 0  # with --shift, position t predicts targets[t + 1]
         aligned = t2[:, first:]
         idx = np.flatnonzero((aligned >= 0) & (aligned != self.ignore))
@@ -355,24 +359,22 @@ class _TokenOutputs:
             self.calibration = part if self.calibration is None else self.calibration.add(part)
         if self.args.per_token:
             cols: Dict[str, npt.NDArray[Any]] = {"sequence": seq, "position": pos, "target": tgt, "nll": nll,
-                                                 "rank": res.indices("rank")[c]}
-            if res.entropy is not None:
-                cols["entropy"] = res.floats("entropy")[c]
+                                                 "rank": res.indices("rank")[c], "entropy": res.floats("entropy")[c]}
             if res.kl is not None:
                 cols["kl"] = res.floats("kl")[c]
-            if self.writer is None:
-                self.writer = TokenWriter(self.args.per_token, [(k, v.dtype) for k, v in cols.items()])
-            self.writer.write(cols)
+            self._writer().write(cols)
+
+    def _writer(self) -> TokenWriter:
+        if self.writer is None:
+            self.writer = TokenWriter(self.args.per_token, self.columns)
+        return self.writer
 
     def close(self, m: Any) -> None:
         if self.args.per_token:
-            if self.writer is None:  # no piece at all
-                self.writer = TokenWriter(self.args.per_token, [(k, np.int64) for k in ("sequence", "position",
-                                                                                          "target", "rank")])
-            self.writer.close()
+            self._writer().close()  # with no row at all: the columns, empty
         if self.args.plot:
             plot(self.args.plot, self.pos_nll, self.pos_count, self.calibration,
-                 title=f"{m.tokens} tokens, loss {m.loss:.4f} nats")
+                 title=f"{m.tokens} tokens, loss {m.loss:.4f} nats" if m.tokens else "no counted token")
 
     def abort(self) -> None:
         if self.writer is not None:
@@ -445,10 +447,10 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
     if len(raw.shape) < 2:
         raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
     steps = int(raw.shape[-2])
-    z3 = raw.reshape(-1, steps, vocab)
-    r3 = None if ref is None else ref.reshape(-1, steps, vocab)
-    t2 = t.reshape(-1, steps)
-    seqs = z3.shape[0]
+    seqs = math.prod(int(n) for n in raw.shape[:-2])  # explicit: -1 is ambiguous for (B, 0, V)
+    z3 = raw.reshape(seqs, steps, vocab)
+    r3 = None if ref is None else ref.reshape(seqs, steps, vocab)
+    t2 = t.reshape(seqs, steps)
     per_seq = max(1, steps)
     rows = _chunk_rows(vocab, itemsize, args)
     pieces: List[Tuple[int, int, int, int]] = []  # (first seq, end seq, first pos, end pos)
