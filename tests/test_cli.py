@@ -411,11 +411,11 @@ def test_compare_keys_of_each_file(files, tmp_path, capsys):
     nll_m, nll_r = _ref_compare_nll(z, r, t)
     for extra in ((), ("--key", "output", "--reference-key", "logits")):
         got = main_json(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
-                        "--reference", tmp_path / "base.npz", "--json", *extra)
+                        "--reference", tmp_path / "base.npz", "--json", "--no-shift", *extra)
         assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
         assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
     got = main_json(capsys, "compare", tmp_path / "two.npz", tmp_path / "two.npz", "--reference",
-                    tmp_path / "two.npz", "--key", "b", "--reference-key", "a", "--json")
+                    tmp_path / "two.npz", "--key", "b", "--reference-key", "a", "--json", "--no-shift")
     assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
     err = main_error(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
                      "--reference", tmp_path / "two.npz")
@@ -452,6 +452,20 @@ def test_compare_format_llama_cpp(files, capsys):
     assert out == llama_text(lmmetrics.compare(z, t, reference_logits=r))
     for bad in (["--json"], ["--token-bytes", str(d / "tb.npy")]):
         assert "needs --format table" in main_error(capsys, *args, "--format", "llama.cpp", *bad)
+
+
+def test_compare_format_llama_cpp_identical_models(files, capsys):
+    """A model against itself: llama.cpp's RMS Δp uncertainty is 0.5 / 0
+    times 0, which it prints as -nan (x86-64's default NaN; nan elsewhere)."""
+    from lmmetrics.cli import main
+    from test_compare import X86_64
+
+    d, z, r, t, tb = files
+    assert main(["compare", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "z.npy"),
+                 "--format", "llama.cpp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"RMS Δp    :  0.000 ± {' -nan' if X86_64 else '  nan'} %" in lines
+    assert "Same top p: 100.000 ± 0.000 %" in lines
 
 
 def test_score_table_units(files, capsys):
@@ -503,7 +517,7 @@ def _reference_scores(z, t, shift=False):
 @pytest.mark.parametrize("shift", [False, True])
 def test_score_shards_directory_and_glob(shards, shift):
     d, z, r, t = shards
-    flag = ["--shift"] if shift else []
+    flag = ["--shift"] if shift else ["--no-shift"]  # the dumps' labels must be said to be either
     want = lmmetrics.evaluate(z, t, shift=shift).as_dict()
     loss, tokens = _reference_scores(z, t, shift)
     for logits, targets in ((d / "logits", d / "targets"), (f"{d}/logits/part-*.npy", f"{d}/targets/*.npy"),
@@ -539,9 +553,10 @@ def test_shard_errors_are_one_line(shards, tmp_path, capsys):
     err = main_error(capsys, "score", d / "logits", f"{tmp_path}/nothing-*.npy")
     assert "the pattern matches no file (targets)" in err
     err = main_error(capsys, "score", d / "logits", f"{d}/targets/part-00[0-2].npy")
-    assert "different numbers of files (LOGITS" in err and " 4, TARGETS " in err and " 3)" in err
+    assert "the shards do not pair by name" in err and f"have no partner: LOGITS: {d}/logits/part-003.npy (" in err
+    assert f"(files: LOGITS {d}/logits 4, TARGETS {d}/targets/part-00[0-2].npy 3)" in err
     err = main_error(capsys, "compare", d / "logits", d / "targets", "--reference", f"{d}/ref/part-000.npy")
-    assert "--reference" in err and "paired in sorted order" in err
+    assert "--reference" in err and "no partner" in err
     # shapes that do not pair: the shard is named, before any is scored
     mixed = tmp_path / "mixed"
     mixed.mkdir()
@@ -558,6 +573,43 @@ def test_shard_errors_are_one_line(shards, tmp_path, capsys):
         np.save(vocab / name, z[..., :40] if i == 3 else z)
     err = main_error(capsys, "score", vocab, d / "targets")
     assert "shard 4 of 4" in err and "vocabulary of 40, the logits 50" in err
+
+
+def test_shards_pair_by_name_numbers_as_numbers(shards, tmp_path, capsys):
+    """part-5 beside part-10 pairs with part-005 beside part-010 (in sorted
+    order they would pair part-10 with part-005), shards are taken in the
+    order of their numbers, and the role word of a glob's names (logits-,
+    targets-) is no part of the pairing."""
+    d, z, r, t = shards
+    names = sorted(n for n in os.listdir(d / "logits") if n.endswith(".npy"))  # part-000 ... part-003
+    ordered = [5, 10, 40, 200]  # the shards' numbers, in order
+    (tmp_path / "z").mkdir()
+    (tmp_path / "t").mkdir()
+    for i, name in zip(ordered, names):
+        shutil.copy(d / "logits" / name, tmp_path / "z" / f"part-{i}.npy")
+        shutil.copy(d / "targets" / name, tmp_path / "t" / f"part-{i:04d}.npy")
+        shutil.copy(d / "targets" / name, tmp_path / f"targets-{i}.npy")
+    want = lmmetrics.evaluate(z, t).as_dict()
+    check(main_json(capsys, "score", tmp_path / "z", tmp_path / "t", "--json"), want)
+    check(main_json(capsys, "score", tmp_path / "z", f"{tmp_path}/targets-*.npy", "--json"), want)
+    # --per-token numbers the sequences across shards in that order
+    out = tmp_path / "tokens.npz"
+    assert main_json(capsys, "score", tmp_path / "z", tmp_path / "t", "--json", "--per-token", out)["tokens"] > 0
+    with np.load(out) as f:
+        seq, pos, tgt = f["sequence"], f["position"], f["target"]
+    want_seq, want_pos = np.nonzero(t >= 0)
+    np.testing.assert_array_equal(seq, want_seq)
+    np.testing.assert_array_equal(pos, want_pos)
+    np.testing.assert_array_equal(tgt, t[want_seq, want_pos])
+    # names that do not pair: every one without a partner is listed
+    os.rename(tmp_path / "t" / "part-0200.npy", tmp_path / "t" / "part-0201.npy")
+    err = main_error(capsys, "score", tmp_path / "z", tmp_path / "t")
+    assert "do not pair by name" in err
+    assert f"LOGITS: {tmp_path}/z/part-200.npy; TARGETS: {tmp_path}/t/part-0201.npy" in err
+    # two names of one shard in a list
+    shutil.copy(tmp_path / "z" / "part-5.npy", tmp_path / "z" / "part-05.npy")
+    err = main_error(capsys, "score", tmp_path / "z", tmp_path / "t")
+    assert "name the same shard" in err and "part-5 is part-005" in err
 
 
 # ---------------------------------------------------------------------------
@@ -583,9 +635,10 @@ def test_shift_refuses_a_dump_of_aligned_labels(files, tmp_path, capsys):
     np.savez(tmp_path / "aligned.npz", logits=z, input_ids=ids, labels=aligned)
     err = main_error(capsys, "score", tmp_path / "aligned.npz", tmp_path / "aligned.npz", "--shift")
     assert "already aligned" in err and "input_ids[..., t + 1]" in err and "drop --shift" in err
-    # without --shift they are what they look like: aligned with the logits
+    # with --no-shift they are what they look like: aligned with the logits
     want = lmmetrics.evaluate(z, aligned).as_dict()
-    check(main_json(capsys, "score", tmp_path / "aligned.npz", tmp_path / "aligned.npz", "--json"), want)
+    check(main_json(capsys, "score", tmp_path / "aligned.npz", tmp_path / "aligned.npz", "--json", "--no-shift"),
+          want)
     # input_ids in the logits file, the labels in their own
     np.savez(tmp_path / "z_ids.npz", logits=z, input_ids=ids)
     np.save(tmp_path / "labels.npy", aligned)
@@ -617,9 +670,46 @@ def test_no_shift_refuses_targets_equal_to_input_ids(files, tmp_path, capsys):
     assert "add --shift" in err
     check(main_json(capsys, "score", tmp_path / "hf.npz", tmp_path / "hf.npz", "--shift", "--json"),
           lmmetrics.evaluate(z, ids, shift=True).as_dict())
-    # labels that differ from input_ids anywhere (a masked prompt) are not judged
+    # labels that differ from input_ids somewhere (a masked prompt) are not certainly either: said, they are
+    # taken as said; unsaid, refused (Hugging Face's are unshifted)
     lab = ids.copy()
     lab[:, :2] = -100
     np.savez(tmp_path / "masked.npz", logits=z, input_ids=ids, labels=lab)
-    check(main_json(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz", "--json"),
+    assert "--no-shift" in main_error(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz")
+    check(main_json(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz", "--json", "--no-shift"),
           lmmetrics.evaluate(z, lab).as_dict())
+
+
+def test_a_hugging_face_dump_needs_shift_said(files, tmp_path, capsys):
+    """A dump of what a Hugging Face causal LM saw ({logits, input_ids,
+    labels}, labels unshifted with a masked prompt): scored as aligned it
+    gives a plausible, wrong loss, so without --shift or --no-shift it is
+    refused, with both spelled out; the same for targets named labels or
+    input_ids alone, or with input_ids beside them in the logits' file.
+    With --shift, the float64 loss of logits[:, :-1] on labels[:, 1:]."""
+    torch = pytest.importorskip("torch")
+    d, z, r, t, tb = files
+    ids = np.abs(t)
+    lab = ids.copy()
+    lab[:, :4] = -100
+    torch.save({"logits": torch.from_numpy(z), "input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(lab)},
+               tmp_path / "dump.pt")
+    np.savez(tmp_path / "labels_only.npz", logits=z, labels=lab)
+    np.savez(tmp_path / "z_ids.npz", logits=z, input_ids=ids)
+    np.save(tmp_path / "lab.npy", lab)
+    for args in ((tmp_path / "dump.pt", tmp_path / "dump.pt"), (tmp_path / "labels_only.npz",) * 2,
+                 (tmp_path / "z_ids.npz", tmp_path / "lab.npy")):
+        err = main_error(capsys, "score", *args)
+        assert "Hugging Face's labels and input_ids are unshifted" in err, err
+        assert "--shift if they are unshifted" in err and "--no-shift if they are already aligned" in err
+        err = main_error(capsys, "compare", *args, "--reference", d / "r.npy")
+        assert "--no-shift if they are already aligned" in err
+    err = main_error(capsys, "score", tmp_path / "z_ids.npz", tmp_path / "lab.npy")
+    assert "with input_ids beside them in " + str(tmp_path / "z_ids.npz") in err
+    got = main_json(capsys, "score", tmp_path / "dump.pt", tmp_path / "dump.pt", "--shift", "--json")
+    keep = lab[:, 1:] >= 0
+    assert got["tokens"] == int(keep.sum())
+    assert got["loss"] == pytest.approx(float(ref_nll(z[:, :-1], lab[:, 1:])[keep].mean()), abs=2e-6)
+    # --shift and --no-shift together are refused by the parser
+    assert "not allowed with argument" in main_error(capsys, "score", tmp_path / "dump.pt", tmp_path / "dump.pt",
+                                                     "--shift", "--no-shift")

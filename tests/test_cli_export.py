@@ -2,6 +2,7 @@
 against float64 numpy (NLL, entropy, KL) and a numpy count (rank), streamed
 across chunks and shards; the PNG's size; and the bad input: no partial
 file is ever left behind."""
+import json
 import os
 import struct
 import subprocess
@@ -146,3 +147,67 @@ def test_missing_optional_package_is_named(data, tmp_path, module, option, name)
                           str(tmp_path / name)], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2 and f"needs {module} (pip install {module})" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / name).exists()
+
+
+COLUMNS = {"sequence": np.int64, "position": np.int64, "target": np.int64, "nll": np.float64, "rank": np.int64,
+           "entropy": np.float64, "kl": np.float64}
+
+
+@pytest.mark.parametrize("shape,shift", [((0, 50), False), ((3, 0, 50), False), ((3, 0, 50), True),
+                                         ((3, 1, 50), True), ((3, 4, 50), False)],
+                         ids=["no-row", "no-position", "no-position-shift", "one-position-shift", "all-ignored"])
+def test_no_counted_position_gives_empty_outputs(tmp_path, capsys, shape, shift):
+    """Logits with no position (or none counted) score as they do without
+    the options (exit 0, 0 tokens): an empty file with the columns and
+    dtypes of a full one in each format, and both panels of the plot drawn
+    empty."""
+    pytest.importorskip("matplotlib")
+    from lmmetrics._plot import SIZE
+    from lmmetrics.cli import main
+
+    z = np.zeros(shape, np.float32)
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "t.npy", np.full(shape[:-1], -100 if z.size else 0, np.int64))
+    base = ["score", str(tmp_path / "z.npy"), str(tmp_path / "t.npy"), "--json"] + (["--shift"] if shift else [])
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    for ref in ((), ("--reference", str(tmp_path / "z.npy"))):
+        out = tmp_path / f"tokens{len(ref)}.npz"
+        assert main(base + [*ref, "--per-token", str(out), "--plot", str(tmp_path / "plot.png")]) == 0
+        got = capsys.readouterr().out
+        assert json.loads(got)["tokens"] == 0
+        if not ref:
+            assert got == plain
+        want = {k: v for k, v in COLUMNS.items() if ref or k != "kl"}
+        with np.load(out) as f:
+            assert f.files == list(want)
+            assert {k: (f[k].dtype, f[k].shape) for k in f.files} == {k: (np.dtype(v), (0,)) for k, v in want.items()}
+        assert _png_size(tmp_path / "plot.png") == SIZE
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "tokens.parquet"
+    assert main(base + ["--reference", str(tmp_path / "z.npy"), "--per-token", str(out)]) == 0
+    table = pq.read_table(out)
+    assert table.num_rows == 0 and table.column_names == list(COLUMNS)
+    assert [np.dtype(c.type.to_pandas_dtype()) for c in table.schema] == [np.dtype(v) for v in COLUMNS.values()]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".lmmetrics")]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077], ids=["022", "002", "077"])
+def test_outputs_follow_the_umask(data, tmp_path, capsys, umask):
+    """--per-token and --plot files get the mode any new file gets (0666
+    less the umask), as a shell redirection's would."""
+    pytest.importorskip("matplotlib")
+    import stat
+    from lmmetrics.cli import main
+
+    d, z, r, t = data
+    outs = [tmp_path / "tokens.npz", tmp_path / "plot.png"]
+    old = os.umask(umask)
+    try:
+        assert main(["score", str(d / "z.npy"), str(d / "t.npy"), "--per-token", str(outs[0]),
+                     "--plot", str(outs[1])]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    for out in outs:
+        assert stat.S_IMODE(os.stat(out).st_mode) == 0o666 & ~umask, out.name

@@ -602,19 +602,23 @@ def test_labels_are_targets(hf_files, ext):
     if ext == ".pt":
         torch = pytest.importorskip("torch")
         torch.save({"logits": torch.from_numpy(z), "labels": torch.from_numpy(y)}, f)
-    want = lmmetrics.evaluate(z, y).as_dict()
-    for extra in ((),) if ext == ".pt" else ((), ("--targets-key", "labels")):
-        res = run("score", f, f, "--json", *extra)
-        assert res.returncode == 0, res.stderr
-        got = json.loads(res.stdout)
-        assert got["tokens"] == want["tokens"] == 11
-        assert got["nll_sum"] == pytest.approx(want["nll_sum"], rel=1e-9)
+    res = run("score", f, f)  # Hugging Face's labels are unshifted: --shift or --no-shift must say
+    assert_one_line_error(res, "score")
+    assert "--no-shift if they are already aligned" in res.stderr
+    for shift in (False, True):
+        want = lmmetrics.evaluate(z, y, shift=shift).as_dict()
+        for extra in ((),) if ext == ".pt" else ((), ("--targets-key", "labels")):
+            res = run("score", f, f, "--json", "--shift" if shift else "--no-shift", *extra)
+            assert res.returncode == 0, res.stderr
+            got = json.loads(res.stdout)
+            assert got["tokens"] == want["tokens"] == (10 if shift else 11)
+            assert got["nll_sum"] == pytest.approx(want["nll_sum"], rel=1e-9)
 
 
 def test_targets_key(hf_files):
     d, z, r, y = hf_files
     want = lmmetrics.evaluate(z, y).as_dict()
-    got = json.loads(run("score", d / "three.npz", d / "three.npz", "--json").stdout)
+    got = json.loads(run("score", d / "three.npz", d / "three.npz", "--json", "--no-shift").stdout)
     assert got["nll_sum"] == pytest.approx(want["nll_sum"], rel=1e-9)
     res = run("score", d / "y_named.npz", d / "y_named.npz")
     assert_one_line_error(res, "score")

@@ -134,7 +134,9 @@ def test_few_tokens_follow_llama_cpp():
     """llama.cpp gives no uncertainty on 10 tokens or fewer, and no
     covariance below 10 (its mean_and_uncertainty and covariance): the
     ln(PPL ratio), ratio and PPL difference have no uncertainty either,
-    where a covariance alone made one up (±0.408 on 5 tokens)."""
+    where a covariance alone made one up (±0.408 on 5 tokens; on exactly
+    10, llama.cpp's sqrt(-2 cov): -nan, or a number with a negative
+    covariance, which only llama_cpp() prints)."""
     rng = np.random.default_rng(3)
     for n in range(2, 11):
         for seed in range(5):
@@ -143,8 +145,7 @@ def test_few_tokens_follow_llama_cpp():
             c = lmmetrics.compare(z, rng.integers(0, 30, n), reference_logits=r)
             assert c.tokens == n
             assert c.ppl.uncertainty == c.ppl_ref.uncertainty == 0.0
-            if n < 10:
-                assert c.ln_ratio.uncertainty == c.ratio.uncertainty == c.delta_ppl.uncertainty == 0.0
+            assert c.ln_ratio.uncertainty == c.ratio.uncertainty == c.delta_ppl.uncertainty == 0.0
 
 
 # llama.cpp's printf formats (tools/perplexity/perplexity.cpp, kl_divergence()),
@@ -217,3 +218,162 @@ def test_llama_cpp_format_byte_for_byte(pair):
     assert [x.removesuffix(" nats") for x in lines[:-1]] == llama_text(c).splitlines()
     assert lines[-1] == f"Tokens    : {c.tokens}"
     assert all(x.endswith(" nats") for x in lines if "KLD:" in x or x.startswith("Mean ln("))
+
+
+# ---------------------------------------------------------------------------
+# Where llama.cpp prints -nan or inf: its kl_divergence() (tools/perplexity/
+# perplexity.cpp) computed by a C program with its formulas and its printf
+# lines, fed the same per-token values; the sums are exact (NLLs on a grid of
+# 1/8 or 1/16), so that only the arithmetic after them is compared.
+
+LLAMA_HARNESS = r"""
+#include <math.h>
+#include <stdio.h>
+typedef struct { double f, df; } pair;
+static pair mean_and_uncertainty(double sum, double sum2, size_t count) {
+    pair r = {0., 0.};
+    if (count < 1) return r;
+    double f = sum/count;
+    double df = sum2/count - f*f;
+    df = df > 0 && count > 10 ? sqrt(df/(count-1)) : 0.;
+    r.f = f; r.df = df;
+    return r;
+}
+static double covariance(double suma, double sumb, double sumab, size_t count) {
+    if (count < 10) return 0.0;
+    double var = sumab/count - (suma/count)*(sumb/count);
+    var /= count - 1;
+    return var;
+}
+int main(void) {
+    size_t count, n_same;
+    double sum_nll = 0, sum_nll2 = 0, sum_nll_base = 0, sum_nll_base2 = 0, sum_nll_nll_base = 0;
+    double sum_kld = 0, sum_kld2 = 0, sum_p_diff = 0, sum_p_diff2 = 0, sum_p_diff4 = 0;
+    if (scanf("%zu %zu", &count, &n_same) != 2) return 1;
+    for (size_t i = 0; i < count; ++i) {
+        double nll, nll_base, kld, p_diff;
+        if (scanf("%la %la %la %la", &nll, &nll_base, &kld, &p_diff) != 4) return 1;
+        sum_nll += nll; sum_nll2 += nll*nll;
+        sum_nll_base += nll_base; sum_nll_base2 += nll_base*nll_base;
+        sum_nll_nll_base += nll*nll_base;
+        sum_kld += kld; sum_kld2 += kld*kld;
+        sum_p_diff += p_diff;
+        const double p_diff2 = p_diff*p_diff;
+        sum_p_diff2 += p_diff2; sum_p_diff4 += p_diff2*p_diff2;
+    }
+    pair log_ppl = mean_and_uncertainty(sum_nll, sum_nll2, count);
+    const double ppl_val = exp(log_ppl.f);
+    const double ppl_unc = ppl_val * log_ppl.df;
+    printf("Mean PPL(Q)                   : %10.6lf ± %10.6lf\n", ppl_val, ppl_unc);
+    pair log_ppl_base = mean_and_uncertainty(sum_nll_base, sum_nll_base2, count);
+    const double ppl_base_val = exp(log_ppl_base.f);
+    const double ppl_base_unc = ppl_base_val * log_ppl_base.df;
+    printf("Mean PPL(base)                : %10.6lf ± %10.6lf\n", ppl_base_val, ppl_base_unc);
+    const double log_ppl_cov = covariance(sum_nll, sum_nll_base, sum_nll_nll_base, count);
+    const double log_ppl_cor = log_ppl_cov / (log_ppl.df*log_ppl_base.df);
+    printf("Cor(ln(PPL(Q)), ln(PPL(base))): %6.2lf%%\n", 100.0*log_ppl_cor);
+    const double log_ppl_ratio_val = log_ppl.f - log_ppl_base.f;
+    const double log_ppl_ratio_unc = sqrt(log_ppl.df*log_ppl.df + log_ppl_base.df*log_ppl_base.df - 2.0*log_ppl_cov);
+    printf("Mean ln(PPL(Q)/PPL(base))     : %10.6lf ± %10.6lf\n", log_ppl_ratio_val, log_ppl_ratio_unc);
+    const double ppl_ratio_val = exp(log_ppl_ratio_val);
+    const double ppl_ratio_unc = ppl_ratio_val * log_ppl_ratio_unc;
+    printf("Mean PPL(Q)/PPL(base)         : %10.6lf ± %10.6lf\n", ppl_ratio_val, ppl_ratio_unc);
+    const double ppl_cov = ppl_val * ppl_base_val * log_ppl_cov;
+    const double ppl_diff_val = ppl_val - ppl_base_val;
+    const double ppl_diff_unc = sqrt(ppl_unc*ppl_unc + ppl_base_unc*ppl_base_unc - 2.0*ppl_cov);
+    printf("Mean PPL(Q)-PPL(base)         : %10.6lf ± %10.6lf\n", ppl_diff_val, ppl_diff_unc);
+    pair kl_div = mean_and_uncertainty(sum_kld, sum_kld2, count);
+    printf("Mean    KLD: %10.6lf ± %10.6lf\n", kl_div.f, kl_div.df);
+    pair p_diff = mean_and_uncertainty(sum_p_diff, sum_p_diff2, count);
+    printf("Mean    Δp: %6.3lf ± %5.3lf %%\n",  100.0*p_diff.f, 100.0*p_diff.df);
+    pair p_diff_mse = mean_and_uncertainty(sum_p_diff2, sum_p_diff4, count);
+    const double p_diff_rms_val = sqrt(p_diff_mse.f);
+    const double p_diff_rms_unc = 0.5/p_diff_rms_val * p_diff_mse.df;
+    printf("RMS Δp    : %6.3lf ± %5.3lf %%\n", 100.0*p_diff_rms_val, 100.0*p_diff_rms_unc);
+    const double same_top_p = 1.0*n_same/count;
+    printf("Same top p: %6.3lf ± %5.3lf %%\n", 100.0*same_top_p,
+           100.0*sqrt(same_top_p*(1.0 - same_top_p)/(count - 1)));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def llama_harness(tmp_path_factory):
+    import shutil
+    import subprocess
+    import sysconfig
+
+    cc = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the llama.cpp harness")
+    d = tmp_path_factory.mktemp("llama_harness")
+    (d / "h.c").write_text(LLAMA_HARNESS)
+    # no fused multiply-adds: IEEE double operation by operation, as lmmetrics computes
+    subprocess.run([cc, "-O2", "-std=c99", "-ffp-contract=off", "-o", str(d / "h"), str(d / "h.c"), "-lm"],
+                   check=True, capture_output=True)
+
+    def run(nll_m, nll_r, kld, same):
+        dp = np.exp(-nll_m) - np.exp(-nll_r)
+        rows = [f"{nll_m.size} {int(np.count_nonzero(same))}"]
+        rows += [" ".join(float(x).hex() for x in row) for row in zip(nll_m, nll_r, kld, dp)]
+        return subprocess.run([str(d / "h")], input="\n".join(rows) + "\n", capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    return run
+
+
+def _degenerate_case(name):
+    """(nll_m, nll_r, kld, same) on a grid of 1/8 and 1/16: exact sums in
+    any order."""
+    if name == "identical":  # the model is its reference
+        m = (np.arange(200) % 14) / 8
+        return m, m.copy(), np.zeros(200), np.ones(200, bool)
+    n = int(name.split()[0])
+    i = np.arange(n)
+    m = (i % 7) / 8 + 1
+    r = 3 - m if "anti" in name else m / 2 + (i % 3) / 16 + 0.5  # a covariance below 0, or above
+    return m, r, (i % 5) / 16, i % 2 == 0
+
+
+DEGENERATE = ["identical", "10 tokens", "10 tokens anti", "9 tokens", "5 tokens", "11 tokens", "1 token",
+              "2 tokens"]
+
+
+@pytest.mark.parametrize("name", DEGENERATE)
+def test_llama_cpp_arithmetic_against_its_c_code(llama_harness, name):
+    m, r, k, same = _degenerate_case(name)
+    c = lmmetrics.comparison.comparison_from_tokens(m, r, k, same)
+    want = llama_harness(m, r, k, same)
+    labels = {w.split(":")[0] for w in want}
+    got = [line for line in c.llama_cpp().splitlines() if line.split(":")[0] in labels]
+    assert got == want
+
+
+X86_64 = __import__("platform").machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not X86_64, reason="llama.cpp's -nan is x86-64's default NaN (other processors: nan)")
+def test_llama_cpp_prints_its_nan_and_inf():
+    """The lines llama.cpp prints on x86-64 with glibc, as its formulas give
+    them; the table and as_dict give 0 (and NaN for the correlation)."""
+    c = lmmetrics.comparison.comparison_from_tokens(*_degenerate_case("identical"))
+    text = c.llama_cpp().splitlines()
+    assert "Mean ln(PPL(Q)/PPL(base))     :   0.000000 ±       -nan" in text  # sqrt of -2e-19
+    assert "Mean PPL(Q)/PPL(base)         :   1.000000 ±       -nan" in text
+    assert "RMS Δp    :  0.000 ±  -nan %" in text  # 0.5 / 0 * 0
+    assert "Cor(ln(PPL(Q)), ln(PPL(base))): 100.00%" in text
+    assert c.ln_ratio.uncertainty == c.ratio.uncertainty == c.rms_delta_p.uncertainty == 0.0
+    assert "RMS Δp    :  0.000 ± 0.000 %" in str(c)
+    c = lmmetrics.comparison.comparison_from_tokens(*_degenerate_case("10 tokens"))
+    text = c.llama_cpp().splitlines()
+    assert "Cor(ln(PPL(Q)), ln(PPL(base))):    inf%" in text  # a covariance over sigmas of 0
+    assert "Mean ln(PPL(Q)/PPL(base))     :   0.093750 ±       -nan" in text  # sqrt(-2 cov)
+    assert "Mean PPL(Q)-PPL(base)         :   0.328364 ±       -nan" in text
+    assert math.isnan(c.correlation) and c.ln_ratio.uncertainty == c.delta_ppl.uncertainty == 0.0
+    c = lmmetrics.comparison.comparison_from_tokens(*_degenerate_case("5 tokens"))
+    assert "Cor(ln(PPL(Q)), ln(PPL(base))):   -nan%" in c.llama_cpp().splitlines()  # 0 / 0
+    assert "Cor(ln(PPL(Q)), ln(PPL(base))):    nan%" in str(c).splitlines()
+    c = lmmetrics.comparison.comparison_from_tokens(*_degenerate_case("1 token"))
+    assert c.llama_cpp().splitlines()[-1] == "Same top p: 100.000 ±  -nan %"  # 0 / 0
+    assert c.same_top.uncertainty == 0.0

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from ._errors import FileError
 
-__all__ = ["FORMATS", "FileError", "dtype_name", "load_array", "named_array"]
+__all__ = ["FORMATS", "FileError", "dtype_name", "load_array", "load_named", "named_array"]
 
 FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 
@@ -387,6 +387,12 @@ def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
     """The array in ``path`` for ``role`` (``logits``, ``targets``, ...):
     the one named ``key``, or the file's only array, or the one named
     ``role`` (for ``targets``, also one named ``labels``)."""
+    return load_named(path, role, key)[1]
+
+
+def load_named(path: str, role: str, key: Optional[str] = None) -> Tuple[str, Any]:
+    """:func:`load_array`'s array with its name in the file ("" for an
+    ``.npy`` or a ``.pt`` of a bare tensor)."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
@@ -397,7 +403,7 @@ def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
     _regular_file(path, role)
     try:
         if ext == ".npy":
-            return _npy(path)  # one unnamed array: a key does not apply
+            return "", _npy(path)  # one unnamed array: a key does not apply
         return _pick(path, role, key, _getters(path, ext))
     except OSError as e:  # permission denied, an I/O error, a file gone meanwhile
         raise FileError(f"{path}: cannot read ({role}): {e.strerror or _why(e)}") from None
@@ -424,23 +430,23 @@ def named_array(path: str, name: str) -> Optional[Any]:
         raise FileError(f"{path}: cannot read ({name}): {e.strerror or _why(e)}") from None
 
 
-def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]]) -> Any:
+def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]]) -> Tuple[str, Any]:
     names = sorted(getters)
     if key is not None:
         if key not in getters:
             raise FileError(f"{path}: no array named {key!r} (it holds {names})")
-        return getters[key]()
+        return key, getters[key]()
     if len(getters) == 1:
-        return getters[names[0]]()
+        return names[0], getters[names[0]]()
     if not getters:
         raise FileError(f"{path}: holds no arrays")
     for name in _ALIASES.get(role, (role,)):
         if name in getters:
-            return getters[name]()
+            return name, getters[name]()
     if role in _LOGITS_ROLES:
         arrays = {k: getters[k]() for k in names}
         floats = [k for k, a in arrays.items() if "float" in dtype_name(a)]
         if len(floats) == 1:
-            return arrays[floats[0]]
+            return floats[0], arrays[floats[0]]
     flag = _KEY_FLAGS.get(role, "--key")
     raise FileError(f"{path} holds several arrays {names}: name the {role} one with {flag}")

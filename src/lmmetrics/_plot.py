@@ -1,10 +1,11 @@
 """``lmmetrics score --plot FILE.png``: the mean NLL at each position of the
 sequence and the calibration (reliability) curve, side by side, drawn with
 matplotlib (optional; Agg, no screen) into a temporary file renamed into
-place."""
+place, its mode set by the umask."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Any, Optional
 
@@ -29,7 +30,8 @@ def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.N
     """Draw the per-position mean NLL (nats; positions with no counted token
     left out) and, given a :class:`lmmetrics.ranking.Calibration` (``edges``,
     ``confidence``, ``accuracy``, ``counts``, ``ece``), the reliability
-    diagram."""
+    diagram. With no counted token at all both panels are drawn empty,
+    titled so."""
     check_path(path)
     import matplotlib
 
@@ -42,10 +44,10 @@ def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.N
     ax.plot(pos, position_nll[pos] / position_count[pos], lw=1)
     ax.set_xlabel("position in the sequence")
     ax.set_ylabel("mean NLL (nats)")
-    ax.set_title("NLL by position")
+    ax.set_title("NLL by position" if pos.size else "NLL by position: no counted token")
     ax.grid(alpha=0.3)
     cal.plot([0, 1], [0, 1], color="gray", lw=1, ls="--", label="calibrated")
-    if calibration is not None:
+    if calibration is not None and np.asarray(calibration.counts).sum() > 0:
         filled = np.asarray(calibration.counts) > 0
         edges = np.asarray(calibration.edges)
         mids = 0.5 * (edges[:-1] + edges[1:])
@@ -56,7 +58,7 @@ def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.N
                  ms=3, lw=1, label="accuracy at mean confidence")
         cal.set_title(f"calibration (ECE {calibration.ece:.4f})")
     else:
-        cal.set_title("calibration")
+        cal.set_title("calibration: no counted token")
     cal.set_xlim(0, 1)
     cal.set_ylim(0, 1)
     cal.set_xlabel("confidence (top token's probability)")
@@ -65,12 +67,13 @@ def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.N
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".lmmetrics-", suffix=".png", dir=folder)
+    # a file created by open() in a private temporary folder, so that its mode follows the umask as every
+    # other output's does (mkstemp's file would stay 0600), renamed into place when complete
+    tmp = tempfile.mkdtemp(prefix=".lmmetrics-", dir=os.path.dirname(os.path.abspath(path)))
     try:
-        with os.fdopen(fd, "wb") as f:
+        part = os.path.join(tmp, "plot.png")
+        with open(part, "wb") as f:
             fig.savefig(f, format="png", dpi=_DPI)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        os.replace(part, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

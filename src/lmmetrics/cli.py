@@ -7,6 +7,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple, TypeVar
 
@@ -19,7 +20,7 @@ from ._engine import check_positive_int
 from ._errors import InputError
 from ._export import TokenWriter
 from ._export import check_path as check_token_path
-from ._files import FORMATS, dtype_name, load_array, named_array
+from ._files import FORMATS, dtype_name, load_array, load_named, named_array
 from ._inputs import as_table
 from ._plot import check_path as check_plot_path
 from ._plot import plot
@@ -140,6 +141,27 @@ def _check_alignment(t: npt.NDArray[np.integer[Any]], ids: Optional[npt.NDArray[
                          f"add --shift")
 
 
+# the names Hugging Face gives ids that are unshifted (a causal LM shifts its labels inside the loss)
+_UNSHIFTED_NAMES = ("labels", "label_ids", "input_ids")
+
+
+def _check_said(name: str, tpath: str, ids: Optional[npt.NDArray[Any]], where: str,
+                args: argparse.Namespace) -> None:
+    """Refuse, unless --shift or --no-shift says which they are, targets
+    that come the Hugging Face way, where ids are unshifted: an array named
+    labels, label_ids or input_ids, or targets with the dump's input_ids
+    beside them. Scored as aligned, unshifted labels give a plausible,
+    wrong number."""
+    if args.shift_said or (name not in _UNSHIFTED_NAMES and ids is None):
+        return
+    what = (f"the array named {name!r} of {tpath}" if name in _UNSHIFTED_NAMES else
+            f"the targets of {tpath}, with input_ids beside them in {where}")
+    raise InputError(f"{what}: Hugging Face's labels and input_ids are unshifted (the model shifts them inside "
+                     f"its loss), so say which these are: --shift if they are unshifted (position t of the logits "
+                     f"is scored against targets[..., t + 1]), --no-shift if they are already aligned with the "
+                     f"logits (targets[..., t] is the token after position t)")
+
+
 def _input_ids(paths: Sequence[str], shape: Tuple[int, ...]) -> Tuple[Optional[npt.NDArray[Any]], str]:
     """The integer array named ``input_ids`` of the targets' shape, from the
     first of ``paths`` (the targets file, then the logits file) holding one,
@@ -153,9 +175,11 @@ def _input_ids(paths: Sequence[str], shape: Tuple[int, ...]) -> Tuple[Optional[n
 
 def _load_targets(tpath: str, lpath: str, raw: Any, args: argparse.Namespace) -> npt.NDArray[np.integer[Any]]:
     """The targets of a logits file, checked (shape, --shift), flattened."""
-    t = np.asarray(_targets(load_array(tpath, "targets", args.targets_key), tuple(raw.shape), shift=args.shift))
+    name, t = load_named(tpath, "targets", args.targets_key)
+    t = np.asarray(_targets(t, tuple(raw.shape), shift=args.shift))
     ids, where = _input_ids((tpath, lpath), t.shape)
     _check_alignment(t, ids, where, args)
+    _check_said(name, tpath, ids, where, args)
     return t.reshape(-1)
 
 
@@ -187,7 +211,7 @@ def _progress(items: List[_T], args: argparse.Namespace) -> Iterable[_T]:
 
 
 def _paths(spec: str, role: str) -> List[str]:
-    """The files ``spec`` names, in sorted order: itself (a file), the files
+    """The files ``spec`` names, sorted: itself (a file), the files
     of a directory whose names end in a known format, or a glob's matches."""
     if os.path.isdir(spec):
         found = sorted(os.path.join(spec, n) for n in os.listdir(spec)
@@ -203,15 +227,61 @@ def _paths(spec: str, role: str) -> List[str]:
     return [spec]
 
 
+_ShardKey = Tuple[Tuple[int, Any], ...]
+
+
+def _shard_keys(paths: Sequence[str]) -> List[_ShardKey]:
+    """What tells apart the shards of one list: each path (less its
+    format's suffix) without the prefix and suffix that all of them share,
+    never cut inside a number, as text and numbers, the numbers compared as
+    numbers (``part-5`` and ``part-005`` are shard 5). One file is shard ()."""
+    def digit(c: str) -> bool:
+        return len(c) == 1 and "0" <= c <= "9"
+
+    stems = [os.path.splitext(p)[0] for p in paths]
+    if len(stems) < 2:
+        return [()] * len(stems)
+    pre = os.path.commonprefix(stems)
+    if digit(pre[-1:]) and any(digit(s[len(pre):len(pre) + 1]) for s in stems):
+        pre = pre.rstrip("0123456789")  # the prefix ends inside a number: keep the whole number
+    rests = [s[len(pre):] for s in stems]
+    post = os.path.commonprefix([r[::-1] for r in rests])[::-1]
+    if digit(post[:1]) and any(digit(r[len(r) - len(post) - 1:len(r) - len(post)]) for r in rests):
+        post = post.lstrip("0123456789")  # the same at the other end
+    return [tuple((0, int(part)) if digit(part[0]) else (1, part)
+                  for part in re.split(r"([0-9]+)", r[:len(r) - len(post)]) if part) for r in rests]
+
+
 def _shards(*specs: Tuple[str, str, str]) -> List[Tuple[str, ...]]:
     """(label, file / directory / glob, role) of each input -> the shards,
-    a tuple of paths each, paired in sorted order."""
+    a tuple of paths each, in the order of their shard keys: each file
+    paired with the one of each other list whose name has the same key
+    (``_shard_keys``); files that pair with none are an error naming them."""
     lists = [_paths(spec, role) for _, spec, role in specs]
-    if len({len(x) for x in lists}) > 1:
-        counts = ", ".join(f"{label} {spec} {len(x)}" for (label, spec, _), x in zip(specs, lists))
-        raise InputError(f"the inputs name different numbers of files ({counts}); shards are paired in "
-                         f"sorted order, so each must name as many")
-    return list(zip(*lists))
+    if all(len(x) == 1 for x in lists):
+        return [tuple(x[0] for x in lists)]
+    keyed: List[Dict[_ShardKey, str]] = []
+    for (label, spec, _), paths in zip(specs, lists):
+        by_key: Dict[_ShardKey, str] = {}
+        for k, p in zip(_shard_keys(paths), paths):
+            if k in by_key:
+                raise InputError(f"{label} {spec}: {by_key[k]} and {p} name the same shard (numbers in the "
+                                 f"names are compared as numbers: part-5 is part-005)")
+            by_key[k] = p
+        keyed.append(by_key)
+    common = set(keyed[0]).intersection(*keyed[1:])
+    lonely = [(label, spec, [p for k, p in d.items() if k not in common])
+              for (label, spec, _), d in zip(specs, keyed)]
+    if any(names for _, _, names in lonely):
+        def listed(names: List[str]) -> str:
+            return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+        counts = ", ".join(f"{label} {spec} {len(d)}" for (label, spec, _), d in zip(specs, keyed))
+        what = "; ".join(f"{label}: {listed(names)}" for label, spec, names in lonely if names)
+        raise InputError(f"the shards do not pair by name; each file is paired with the one whose name differs "
+                         f"from its list's others in the same way (the shard index, numbers compared as numbers: "
+                         f"part-5 is part-005), and these have no partner: {what} (files: {counts})")
+    return [tuple(d[k] for d in keyed) for k in sorted(common)]
 
 
 _Load = TypeVar("_Load", bound=Tuple[Any, ...])
@@ -305,6 +375,10 @@ class _TokenOutputs:
         self.ignore = check_ignore_index(args.ignore_index)
         self.writer: Optional[TokenWriter] = None
         self.wanted: Dict[str, bool] = {}
+        # the file's columns, whatever the rows (none at all included)
+        self.columns = [("sequence", np.int64), ("position", np.int64), ("target", np.int64), ("nll", np.float64),
+                        ("rank", np.int64), ("entropy", np.float64)] + \
+            ([("kl", np.float64)] if args.reference is not None else [])
         if args.per_token:
             check_token_path(args.per_token)
             self.wanted["rank"] = True
@@ -325,7 +399,7 @@ class _TokenOutputs:
             return
         lead = tuple(int(n) for n in shape[:-1])
         steps = lead[-1] if lead else 1
-        t2 = np.asarray(t).reshape(-1, steps)
+        t2 = np.asarray(t).reshape(math.prod(lead[:-1]), steps)  # (0, V) is one sequence of no position
         first = 1 if self.args.shift else 0  # with --shift, position t predicts targets[t + 1]
         aligned = t2[:, first:]
         idx = np.flatnonzero((aligned >= 0) & (aligned != self.ignore))
@@ -355,24 +429,22 @@ class _TokenOutputs:
             self.calibration = part if self.calibration is None else self.calibration.add(part)
         if self.args.per_token:
             cols: Dict[str, npt.NDArray[Any]] = {"sequence": seq, "position": pos, "target": tgt, "nll": nll,
-                                                 "rank": res.indices("rank")[c]}
-            if res.entropy is not None:
-                cols["entropy"] = res.floats("entropy")[c]
+                                                 "rank": res.indices("rank")[c], "entropy": res.floats("entropy")[c]}
             if res.kl is not None:
                 cols["kl"] = res.floats("kl")[c]
-            if self.writer is None:
-                self.writer = TokenWriter(self.args.per_token, [(k, v.dtype) for k, v in cols.items()])
-            self.writer.write(cols)
+            self._writer().write(cols)
+
+    def _writer(self) -> TokenWriter:
+        if self.writer is None:
+            self.writer = TokenWriter(self.args.per_token, self.columns)
+        return self.writer
 
     def close(self, m: Any) -> None:
         if self.args.per_token:
-            if self.writer is None:  # no piece at all
-                self.writer = TokenWriter(self.args.per_token, [(k, np.int64) for k in ("sequence", "position",
-                                                                                          "target", "rank")])
-            self.writer.close()
+            self._writer().close()  # with no row at all: the columns, empty
         if self.args.plot:
             plot(self.args.plot, self.pos_nll, self.pos_count, self.calibration,
-                 title=f"{m.tokens} tokens, loss {m.loss:.4f} nats")
+                 title=f"{m.tokens} tokens, loss {m.loss:.4f} nats" if m.tokens else "no counted token")
 
     def abort(self) -> None:
         if self.writer is not None:
@@ -445,10 +517,10 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
     if len(raw.shape) < 2:
         raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
     steps = int(raw.shape[-2])
-    z3 = raw.reshape(-1, steps, vocab)
-    r3 = None if ref is None else ref.reshape(-1, steps, vocab)
-    t2 = t.reshape(-1, steps)
-    seqs = z3.shape[0]
+    seqs = math.prod(int(n) for n in raw.shape[:-2])  # explicit: -1 is ambiguous for (B, 0, V)
+    z3 = raw.reshape(seqs, steps, vocab)
+    r3 = None if ref is None else ref.reshape(seqs, steps, vocab)
+    t2 = t.reshape(seqs, steps)
     per_seq = max(1, steps)
     rows = _chunk_rows(vocab, itemsize, args)
     pieces: List[Tuple[int, int, int, int]] = []  # (first seq, end seq, first pos, end pos)
@@ -602,19 +674,23 @@ _SCORE_EPILOG = """\
 examples:
   lmmetrics score logits.npy targets.npy --token-bytes token_bytes.npy
   lmmetrics score dump.safetensors targets.pt --key logits --json
-  lmmetrics score dump.pt dump.pt --shift          a dump of {logits, labels}, labels unshifted
-  lmmetrics score logits/ targets/                 shards: the files of each directory, paired in sorted order
+  lmmetrics score dump.pt dump.pt --shift          a Hugging Face dump of {logits, labels}, labels unshifted
+  lmmetrics score logits/ targets/                 shards: the files of each directory, paired by name
   lmmetrics score 'run/logits-*.npy' 'run/targets-*.npy'     a glob each (quoted: lmmetrics expands it)
   lmmetrics score dumps/ dumps/ --shift            shards of {logits, labels} dumps
   lmmetrics score q.npy t.npy --reference base.npy --per-token tokens.npz --plot run.png
 
 LOGITS and TARGETS are each a file, a directory (its .npy / .npz /
-.safetensors / .pt / .pth files) or a glob; their files are paired in sorted
-order and scored through one Evaluator, every shard checked before any is
-scored. --shift refuses targets that are certainly aligned already (one
-position fewer than the logits, or labels equal to the dump's input_ids
-shifted by one); without --shift, targets equal to the dump's input_ids are
-refused (every token would predict itself).
+.safetensors / .pt / .pth files) or a glob; their files are paired by the
+part of the name that tells a list's files apart (part-5 with part-005,
+logits-3 with targets-3; a file that pairs with none is an error) and
+scored, in the order of those numbers, through one Evaluator, every shard
+checked before any is scored. Targets named labels, label_ids or input_ids,
+or with input_ids beside them, are Hugging Face's, unshifted: say --shift,
+or --no-shift if they are aligned already. --shift refuses targets that are
+certainly aligned already (one position fewer than the logits, or labels
+equal to the dump's input_ids shifted by one); without it, targets equal to
+the dump's input_ids are refused (every token would predict itself).
 
 table: loss and entropy in nats per token, bits per token / byte in bits,
 accuracy in %; each mean with its standard error (±), the perplexity with
@@ -634,7 +710,7 @@ examples:
   lmmetrics compare quant.npy targets.npy --reference base.npy
   lmmetrics compare q.safetensors labels.pt --reference base.pt --reference-key logits --shift
   lmmetrics compare quant.npy targets.npy --reference base.npy --format llama.cpp
-  lmmetrics compare quant/ targets/ --reference base/       shards, paired in sorted order
+  lmmetrics compare quant/ targets/ --reference base/       shards, paired by name
 
 LOGITS, TARGETS and --reference are each a file, a directory or a glob, as
 for score.
@@ -691,9 +767,14 @@ def _parser() -> argparse.ArgumentParser:
     files.add_argument("--quiet", action="store_true", help="no progress bar")
     files.add_argument("--threads", type=_positive_int, default=None,
                        help="threads (default: the OpenMP default)")
-    files.add_argument("--shift", action="store_true",
-                       help="unshifted (Hugging Face) targets: position t of the logits is scored against "
-                            "targets[..., t + 1], the last position of each sequence dropped")
+    side = files.add_mutually_exclusive_group()
+    side.add_argument("--shift", action="store_const", const=True, default=None,
+                      help="unshifted (Hugging Face) targets: position t of the logits is scored against "
+                           "targets[..., t + 1], the last position of each sequence dropped")
+    side.add_argument("--no-shift", dest="shift", action="store_const", const=False,
+                      help="targets aligned with the logits (the default), said: needed for targets named "
+                           "labels, label_ids or input_ids, or with input_ids beside them, which Hugging Face "
+                           "gives unshifted")
     files.add_argument("--chunk-mb", type=_chunk_mb, default=256.0,
                        help="logits read per step, in MiB (default 256)")
     files.add_argument("--token-bytes", help="file with the byte length of each token id (for bits per byte)")
@@ -762,6 +843,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command in ("score", "compare"):  # --shift, --no-shift or neither
+        args.shift_said, args.shift = args.shift is not None, bool(args.shift)
     handlers: Dict[Optional[str], Callable[[argparse.Namespace], int]] = {"score": _score, "compare": _compare, "bench": _bench, "info": _info, "demo": _demo,
                 None: _demo}
     try:

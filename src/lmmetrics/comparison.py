@@ -8,13 +8,23 @@ the target), kld_t = KL(P_ref || P_model), same_t (argmax agreement) and
 dp_t = exp(-nll_m) - exp(-nll_r). A mean f = s / n of n values with sums s,
 s2 has the uncertainty sqrt((s2 / n - f^2) / (n - 1)) when that is positive
 and n > 10, else 0; the covariance of the two NLLs is 0 below 10 tokens
-(llama.cpp's rules: no uncertainty on so few tokens).
+(llama.cpp's rules: no uncertainty on so few tokens). The uncertainties
+derived from that covariance (ln(PPL ratio), ratio, PPL difference) are 0 on
+10 tokens or fewer too, and where rounding makes their variance negative.
+
+``Comparison.llama_cpp()`` replays llama.cpp's arithmetic on the same sums,
+step for step (its ``kl_divergence`` in tools/perplexity/perplexity.cpp), so
+that it prints what llama.cpp prints where that is not a number: the square
+root of a negative variance, ``0.5 / 0`` times 0 for the RMS Δp of identical
+models, a correlation of 0 / 0 or c / 0 (fewer than 11 tokens), as glibc's
+printf writes them (``-nan`` for the processor's default NaN on x86-64,
+``inf``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -87,7 +97,8 @@ class Comparison:
     ppl, ppl_ref : Estimate
         ``exp(mean NLL)`` of the model and of the reference.
     correlation : float
-        Of the per-token NLL of model and reference.
+        Of the per-token NLL of model and reference; NaN on 10 tokens or
+        fewer (no uncertainties to divide by).
     ln_ratio : Estimate
         Mean ``ln(PPL / PPL_ref)``.
     ratio : Estimate
@@ -123,6 +134,8 @@ class Comparison:
     same_top: Estimate        #: fraction of tokens whose argmaxes agree
     top_k: Optional[int] = None  #: the k of top_k_agreement
     top_k_agreement: Optional[Estimate] = None  #: share whose reference top-1 is in the model's top k
+    #: the values of llama.cpp's lines by its own arithmetic (NaN / inf where it has them), for llama_cpp()
+    _llama: Optional["_Printed"] = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> Dict[str, Any]:
         """Nested plain dicts (JSON-ready; percentile keys as strings).
@@ -132,6 +145,7 @@ class Comparison:
         dict
         """
         d = asdict(self)
+        del d["_llama"]
         for k in ("kld", "delta_p"):
             d[k]["percentiles"] = {_pct_name(p): v for p, v in d[k]["percentiles"].items()}
         return d
@@ -142,63 +156,168 @@ class Comparison:
         if self.top_k_agreement is not None:
             e = self.top_k_agreement
             extra = [f"Base top in top {self.top_k}: {100 * e.value:6.3f} ± {100 * e.uncertainty:5.3f} %"]
-        return "\n".join([f"{text} {unit}" if unit else text for text, unit in self._lines()] + extra +
-                         [f"Tokens    : {self.tokens}"])
+        return "\n".join([f"{text} {unit}" if unit else text for text, unit in self._lines(self._printed())] +
+                         extra + [f"Tokens    : {self.tokens}"])
 
     def llama_cpp(self) -> str:
         """The statistics exactly as ``llama-perplexity --kl-divergence``
-        prints them (its printf formats, no units, no token count)."""
-        return "\n".join(text for text, _ in self._lines())
+        prints them (its printf formats and its arithmetic, ``-nan`` and
+        ``inf`` included; no units, no token count)."""
+        v = self._llama if self._llama is not None else self._printed()
+        return "\n".join(text for text, _ in self._lines(v))
 
-    def _lines(self) -> List[Tuple[str, str]]:
-        """(llama.cpp's line, its unit) for each line of the tables."""
-        def est(e: Estimate) -> str:
-            return f"{e.value:10.6f} ± {e.uncertainty:10.6f}"
+    def _printed(self) -> "_Printed":
+        """The values of the table's lines, from the fields."""
+        return _Printed(self.ppl.value, self.ppl.uncertainty, self.ppl_ref.value, self.ppl_ref.uncertainty,
+                        self.correlation, self.ln_ratio.value, self.ln_ratio.uncertainty, self.ratio.value,
+                        self.ratio.uncertainty, self.delta_ppl.value, self.delta_ppl.uncertainty,
+                        self.kld.mean.value, self.kld.mean.uncertainty, self.delta_p.mean.value,
+                        self.delta_p.mean.uncertainty, self.rms_delta_p.value, self.rms_delta_p.uncertainty,
+                        self.same_top.value, self.same_top.uncertainty)
 
-        def pct(e: Estimate) -> str:
-            return f"{100 * e.value:6.3f} ± {100 * e.uncertainty:5.3f} %"
+    def _lines(self, v: "_Printed") -> List[Tuple[str, str]]:
+        """(llama.cpp's line, its unit) for each line of the tables, with
+        the values ``v`` of the lines its formulas give."""
+        def est(x: float, u: float) -> str:
+            return f"{_c(x, '10.6f')} ± {_c(u, '10.6f')}"
+
+        def pct(x: float, u: float) -> str:
+            return f"{_c(100.0 * x, '6.3f')} ± {_c(100.0 * u, '5.3f')} %"
 
         def label(p: float) -> str:
             return "Median " if p == 50.0 else f"{p:4.1f}%  "
 
         nats = "nats"
         return [("====== Perplexity statistics ======", ""),
-                (f"Mean PPL(Q)                   : {est(self.ppl)}", ""),
-                (f"Mean PPL(base)                : {est(self.ppl_ref)}", ""),
-                (f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * self.correlation:6.2f}%", ""),
-                (f"Mean ln(PPL(Q)/PPL(base))     : {est(self.ln_ratio)}", nats),
-                (f"Mean PPL(Q)/PPL(base)         : {est(self.ratio)}", ""),
-                (f"Mean PPL(Q)-PPL(base)         : {est(self.delta_ppl)}", ""),
+                (f"Mean PPL(Q)                   : {est(v.ppl, v.ppl_unc)}", ""),
+                (f"Mean PPL(base)                : {est(v.ppl_base, v.ppl_base_unc)}", ""),
+                (f"Cor(ln(PPL(Q)), ln(PPL(base))): {_c(100.0 * v.cor, '6.2f')}%", ""),
+                (f"Mean ln(PPL(Q)/PPL(base))     : {est(v.ln_ratio, v.ln_ratio_unc)}", nats),
+                (f"Mean PPL(Q)/PPL(base)         : {est(v.ratio, v.ratio_unc)}", ""),
+                (f"Mean PPL(Q)-PPL(base)         : {est(v.diff, v.diff_unc)}", ""),
                 ("", ""),
                 ("====== KL divergence statistics ======", ""),
-                (f"Mean    KLD: {est(self.kld.mean)}", nats),
+                (f"Mean    KLD: {est(v.kld, v.kld_unc)}", nats),
                 (f"Maximum KLD: {self.kld.max:10.6f}", nats)] + \
-            [(f"{label(p)} KLD: {v:10.6f}", nats) for p, v in self.kld.ordered()] + \
+            [(f"{label(p)} KLD: {x:10.6f}", nats) for p, x in self.kld.ordered()] + \
             [(f"Minimum KLD: {self.kld.min:10.6f}", nats),
              ("", ""),
              ("====== Token probability statistics ======", ""),
-             (f"Mean    Δp: {pct(self.delta_p.mean)}", ""),
+             (f"Mean    Δp: {pct(v.dp, v.dp_unc)}", ""),
              (f"Maximum Δp: {100 * self.delta_p.max:6.3f}%", "")] + \
-            [(f"{label(p)} Δp: {100 * v:6.3f}%", "") for p, v in self.delta_p.ordered()] + \
+            [(f"{label(p)} Δp: {100 * x:6.3f}%", "") for p, x in self.delta_p.ordered()] + \
             [(f"Minimum Δp: {100 * self.delta_p.min:6.3f}%", ""),
-             (f"RMS Δp    : {pct(self.rms_delta_p)}", ""),
-             (f"Same top p: {pct(self.same_top)}", "")]
+             (f"RMS Δp    : {pct(v.rms, v.rms_unc)}", ""),
+             (f"Same top p: {pct(v.same, v.same_unc)}", "")]
 
 
 def _pct_name(p: float) -> str:
     return "Median" if p == 50.0 else f"{p:g}%"
 
 
+# ---------------------------------------------------------------------------
+# llama.cpp's arithmetic (kl_divergence in tools/perplexity/perplexity.cpp),
+# in IEEE double as C computes it (no contraction into fused multiply-adds):
+# where C's operations give NaN or inf (0 / 0, c / 0, the square root of a
+# negative number) these do too, instead of raising as Python does.
+
+_INF = float("inf")
+_NAN = _INF - _INF  # the processor's default NaN, as C's invalid operations give it (negative on x86-64)
+
+
+def _div(a: float, b: float) -> float:
+    """C's ``a / b``."""
+    if b != 0.0 or math.isnan(b):
+        return a / b
+    if math.isnan(a):
+        return a
+    return _NAN if a == 0.0 else math.copysign(_INF, a) * math.copysign(1.0, b)
+
+
+def _sqrt(x: float) -> float:
+    """C's ``sqrt(x)``."""
+    if math.isnan(x):
+        return x
+    return _NAN if x < 0.0 else math.sqrt(x)
+
+
+def _c(x: float, spec: str) -> str:
+    """printf's ``%<spec>`` of a double, as glibc writes it: a NaN is
+    ``-nan`` or ``nan`` by its sign bit, an infinity ``inf`` / ``-inf``,
+    right-aligned in the width."""
+    if math.isfinite(x):
+        return format(x, spec)
+    text = ("-" if math.copysign(1.0, x) < 0 else "") + ("nan" if math.isnan(x) else "inf")
+    return text.rjust(int(spec.split(".")[0]))
+
+
 def _mean_sigma(s: float, s2: float, n: int) -> Tuple[float, float]:
-    """mean and its uncertainty from the sum and the sum of squares"""
+    """llama.cpp's mean_and_uncertainty: the mean of n values from their
+    sum and sum of squares, and its uncertainty (0 on 10 values or fewer)."""
+    if n < 1:
+        return 0.0, 0.0
     f = s / n
-    var = (s2 / n - f * f) / (n - 1) if n > 1 else 0.0
-    return f, math.sqrt(var) if var > 0 and n > 10 else 0.0
+    df = s2 / n - f * f
+    return f, math.sqrt(df / (n - 1)) if df > 0 and n > 10 else 0.0
 
 
-def _distribution(x: F64Array, pcts: Sequence[float]) -> Distribution:
-    n = x.size
-    mean, sigma = _mean_sigma(float(np.sum(x)), float(np.sum(x * x)), n)
+def _covariance(sa: float, sb: float, sab: float, n: int) -> float:
+    """llama.cpp's covariance of the means (0 below 10 values)."""
+    if n < 10:
+        return 0.0
+    return (sab / n - (sa / n) * (sb / n)) / (n - 1)
+
+
+class _Printed(NamedTuple):
+    """The values of the lines that llama.cpp computes from its sums."""
+
+    ppl: float
+    ppl_unc: float
+    ppl_base: float
+    ppl_base_unc: float
+    cor: float
+    ln_ratio: float
+    ln_ratio_unc: float
+    ratio: float
+    ratio_unc: float
+    diff: float
+    diff_unc: float
+    kld: float
+    kld_unc: float
+    dp: float
+    dp_unc: float
+    rms: float
+    rms_unc: float
+    same: float
+    same_unc: float
+
+
+def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[float, float], nll_nll_base: float,
+                          kld: Tuple[float, float], p_diff: Tuple[float, float, float], n_same: int) -> _Printed:
+    """llama.cpp's statistics from its sums over n tokens, step for step:
+    (sum, sum of squares) of the NLLs and KLs, the sum of their products,
+    (sum, of squares, of fourth powers) of Δp, and the same-top count."""
+    log_ppl, log_ppl_unc = _mean_sigma(*nll, n)
+    ppl = exp(log_ppl)
+    ppl_unc = ppl * log_ppl_unc
+    log_base, log_base_unc = _mean_sigma(*nll_base, n)
+    ppl_base = exp(log_base)
+    ppl_base_unc = ppl_base * log_base_unc
+    cov = _covariance(nll[0], nll_base[0], nll_nll_base, n)
+    ln_ratio = log_ppl - log_base
+    ln_ratio_unc = _sqrt(log_ppl_unc * log_ppl_unc + log_base_unc * log_base_unc - 2.0 * cov)
+    ratio = exp(ln_ratio)
+    diff_unc = _sqrt(ppl_unc * ppl_unc + ppl_base_unc * ppl_base_unc - 2.0 * (ppl * ppl_base * cov))
+    mse, mse_unc = _mean_sigma(p_diff[1], p_diff[2], n)
+    rms = _sqrt(mse)
+    same = 1.0 * n_same / n
+    return _Printed(ppl, ppl_unc, ppl_base, ppl_base_unc, _div(cov, log_ppl_unc * log_base_unc),
+                    ln_ratio, ln_ratio_unc, ratio, ratio * ln_ratio_unc, ppl - ppl_base, diff_unc,
+                    *_mean_sigma(*kld, n), *_mean_sigma(p_diff[0], p_diff[1], n),
+                    rms, _div(0.5, rms) * mse_unc, same, _sqrt(_div(same * (1.0 - same), n - 1)))
+
+
+def _distribution(x: F64Array, pcts: Sequence[float], mean: float, sigma: float) -> Distribution:
     per = {p: float(v) for p, v in zip(pcts, np.quantile(x, [p / 100.0 for p in pcts]))}
     median = per.pop(50.0)
     return Distribution(Estimate(mean, sigma), float(x.max()), float(x.min()), median, per)
@@ -228,36 +347,33 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
     n = int(nll_m.size)
     if n == 0:
         raise ValueError("no counted token to compare (every target is ignored)")
-    mean_m, sig_m = _mean_sigma(float(np.sum(nll_m)), float(np.sum(nll_m * nll_m)), n)
-    mean_r, sig_r = _mean_sigma(float(np.sum(nll_r)), float(np.sum(nll_r * nll_r)), n)
-    cov = (float(np.sum(nll_m * nll_r)) / n - mean_m * mean_r) / (n - 1) if n >= 10 else 0.0
-    ppl, ppl_r = exp(mean_m), exp(mean_r)
-    u_m, u_r = ppl * sig_m, ppl_r * sig_r
-    corr = cov / (sig_m * sig_r) if sig_m > 0 and sig_r > 0 else math.nan
-    ln_ratio = mean_m - mean_r
-    ln_unc = math.sqrt(max(sig_m ** 2 + sig_r ** 2 - 2 * cov, 0.0))
-    ratio = exp(ln_ratio)
-    d_unc = math.sqrt(max(u_m ** 2 + u_r ** 2 - 2 * ppl * ppl_r * cov, 0.0))
+
+    def sums(x: F64Array) -> Tuple[float, float]:
+        return float(np.sum(x)), float(np.sum(x * x))
+
     dp = np.exp(-nll_m) - np.exp(-nll_r)
     dp2 = dp * dp
-    ms, ms_sig = _mean_sigma(float(np.sum(dp2)), float(np.sum(dp2 * dp2)), n)
-    rms = math.sqrt(ms)
-    k = int(np.count_nonzero(same))
-    p_same = k / n
+    v = _llama_cpp_arithmetic(n, sums(nll_m), sums(nll_r), float(np.sum(nll_m * nll_r)), sums(kld),
+                              (float(np.sum(dp)), *sums(dp2)), int(np.count_nonzero(same)))
+    # the uncertainties where llama.cpp's arithmetic gives none (NaN, inf): 0 on 10 tokens or fewer, where
+    # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token
+    many = n > 10
+    ln_unc = v.ln_ratio_unc if many and not math.isnan(v.ln_ratio_unc) else 0.0
     agreement = None
     if in_top_k is not None:
         p_in = int(np.count_nonzero(in_top_k)) / n
         agreement = Estimate(p_in, math.sqrt(p_in * (1 - p_in) / (n - 1)) if n > 1 else 0.0)
     return Comparison(
         tokens=n,
-        ppl=Estimate(ppl, u_m), ppl_ref=Estimate(ppl_r, u_r), correlation=corr,
-        ln_ratio=Estimate(ln_ratio, ln_unc), ratio=Estimate(ratio, ratio * ln_unc),
-        delta_ppl=Estimate(ppl - ppl_r, d_unc),
-        kld=_distribution(kld, KLD_PERCENTILES),
-        delta_p=_distribution(dp, DELTA_P_PERCENTILES),
-        rms_delta_p=Estimate(rms, 0.5 / rms * ms_sig if rms > 0 else 0.0),
-        same_top=Estimate(p_same, math.sqrt(p_same * (1 - p_same) / (n - 1)) if n > 1 else 0.0),
-        top_k=top_k if in_top_k is not None else None, top_k_agreement=agreement)
+        ppl=Estimate(v.ppl, v.ppl_unc), ppl_ref=Estimate(v.ppl_base, v.ppl_base_unc),
+        correlation=v.cor if math.isfinite(v.cor) else math.nan,
+        ln_ratio=Estimate(v.ln_ratio, ln_unc), ratio=Estimate(v.ratio, v.ratio * ln_unc),
+        delta_ppl=Estimate(v.diff, v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
+        kld=_distribution(kld, KLD_PERCENTILES, v.kld, v.kld_unc),
+        delta_p=_distribution(dp, DELTA_P_PERCENTILES, v.dp, v.dp_unc),
+        rms_delta_p=Estimate(v.rms, v.rms_unc if v.rms > 0 else 0.0),
+        same_top=Estimate(v.same, v.same_unc if n > 1 else 0.0),
+        top_k=top_k if in_top_k is not None else None, top_k_agreement=agreement, _llama=v)
 
 
 def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: Optional[int] = -100,
