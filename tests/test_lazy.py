@@ -294,13 +294,14 @@ def test_vocabulary_blocks_hold_one_tile_name_the_first_bad_row_and_take_any_ref
 def _padded_vocabulary(rng, V=2000, pad=500):
     """Lazy logits whose last pad columns are masked by a -inf bias (padded
     vocabulary entries): the last vocabulary block all -inf, the one before
-    partly; a plain reference masked from column 1300 on (rows 3 and 9
+    partly, and token 0 (the first block's first column); a plain reference masked from column 1300 on (rows 3 and 9
     hold mass in the model's last block, which has none: KL inf), row 5's
     first block all -inf, a target in the padding (NLL inf)."""
     h = rng.standard_normal((2, 8, 6)).astype(np.float32)
     w = rng.standard_normal((V, 6)).astype(np.float32)
     b = np.zeros(V, np.float32)
     b[V - pad:] = -np.inf
+    b[0] = -np.inf  # (a block's first column)
     t = rng.integers(0, V - pad, (2, 8))
     t[1, 2] = V - 1
     z = _logits64(h, w, b)

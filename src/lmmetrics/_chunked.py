@@ -240,8 +240,10 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     # log-probability); the reference's from its NLL at the reference's
     # largest logit (the tile's targets), plus that logit. (From a fixed
     # column, a logit far below the block's max, a -1e9 mask, would cancel
-    # the NLL's digits away.)
-    kw = dict(nll=True, entropy=want["entropy"], argmax=True, kl=want["kl"], ref_nll=ref, top_logprob=True)
+    # the NLL's digits away.) No NLL at the tile's targets: unread, and
+    # on the device inf where a block's first column is -inf (a masked
+    # token 0), which sent every row to the exact path.
+    kw = dict(nll=False, entropy=want["entropy"], argmax=True, kl=want["kl"], ref_nll=ref, top_logprob=True)
     dev = None if on_device is None else _cuda_device(logits, reference)
     xp: Any = np
     if dev is not None:
