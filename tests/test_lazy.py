@@ -367,3 +367,32 @@ def test_a_row_all_minus_inf_is_named_before_a_later_nan_with_blocks_all_minus_i
     for ref, want in ((r, r"reference_logits row 6 .* all -inf"), (np.where(np.isinf(r), 0, r), "NaN in logits at row 8")):
         with pytest.raises(ValueError, match=want):
             lmmetrics.token_kl(lmmetrics.projected(h2, w, b, chunk_bytes=8 * 600 * 8), reference_logits=ref)
+
+
+def test_projected_refuses_a_hidden_size_of_0_and_options_that_are_not_numbers():
+    """A hidden size of 0 failed at the first metric with numpy's reshape
+    message, and scale=True or scale='2' were taken as the numbers 1 and 2:
+    each is refused when the lazy logits are built (as softcap and
+    chunk_bytes are), naming what is wrong."""
+    rng = np.random.default_rng(13)
+    h, w, b, ids = _case(rng)
+    with pytest.raises(ValueError, match=r"projected: hidden size 0 \(hidden shape \(3, 20, 0\), weight shape "
+                                         r"\(700, 0\)\)"):
+        lmmetrics.projected(h[..., :0], w[:, :0], b)
+    for bad in (True, False, "2", None, [2.0]):
+        with pytest.raises(TypeError, match=r"projected: scale must be a real number \(a float\), got "):
+            lmmetrics.projected(h, w, scale=bad)
+    for bad in (True, "2", [2.0]):
+        with pytest.raises(TypeError, match="softcap must be a number or None"):
+            lmmetrics.projected(h, w, softcap=bad)
+    for bad in (True, "2", 2.5, 0):
+        with pytest.raises(ValueError, match="chunk_bytes must be a positive integer"):
+            lmmetrics.projected(h, w, chunk_bytes=bad)
+    # numbers of any real type are numbers
+    z = _logits64(h, w, b, scale=2.0)
+    for scale in (2, np.float32(2.0), np.int64(2)):
+        np.testing.assert_allclose(lmmetrics.token_nll(lmmetrics.projected(h, w, b, scale=scale), ids),
+                                   ref_nll(z, ids), rtol=TOL, atol=TOL)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=r"projected: hidden size 0"):
+        lmmetrics.projected(torch.zeros(2, 0), torch.zeros(5, 0))

@@ -12,6 +12,7 @@ own forward before it is used.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
@@ -92,10 +93,12 @@ class Projected:
             raise ValueError("projected: the weight has an empty vocabulary (shape (0, d))")
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"projected: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-        try:
-            scale_f = float(scale)
-        except (TypeError, ValueError):
-            scale_f = math.nan
+        if weight.shape[1] == 0:
+            raise ValueError(f"projected: hidden size 0 (hidden shape {tuple(hidden.shape)}, weight shape "
+                             f"{tuple(weight.shape)}): the hidden states and the head need at least one feature")
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"projected: scale must be a real number (a float), got {scale!r}")
+        scale_f = float(scale)
         if not math.isfinite(scale_f) or scale_f == 0:
             raise ValueError(f"projected: scale must be a finite non-zero number, got {scale!r}")
         self.hidden: Any = hidden
