@@ -96,9 +96,10 @@ class Projected:
         if weight.shape[1] == 0:
             raise ValueError(f"projected: hidden size 0 (hidden shape {tuple(hidden.shape)}, weight shape "
                              f"{tuple(weight.shape)}): the hidden states and the head need at least one feature")
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        given: object = scale  # (any object: a bool or a string is refused, not read as a number)
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
             raise TypeError(f"projected: scale must be a real number (a float), got {scale!r}")
-        scale_f = float(scale)
+        scale_f = float(given)
         if not math.isfinite(scale_f) or scale_f == 0:
             raise ValueError(f"projected: scale must be a finite non-zero number, got {scale!r}")
         self.hidden: Any = hidden
