@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.special import logsumexp
 
 import lmmetrics
 from lmmetrics import _lazy
@@ -289,3 +290,110 @@ def test_vocabulary_blocks_hold_one_tile_name_the_first_bad_row_and_take_any_ref
     np.testing.assert_allclose(lmmetrics.token_kl((h3[:4] @ w3.T).tolist(),
                                                   reference_logits=lmmetrics.projected(h3[:4] * 1.1, w3)),
                                want, rtol=1e-4, atol=1e-6)
+
+
+def _padded_vocabulary(rng, V=2000, pad=500):
+    """Lazy logits whose last pad columns are masked by a -inf bias (padded
+    vocabulary entries): the last vocabulary block all -inf, the one before
+    partly, and token 0 (the first block's first column); a plain reference masked from column 1300 on (rows 3 and 9
+    hold mass in the model's last block, which has none: KL inf), row 5's
+    first block all -inf, a target in the padding (NLL inf)."""
+    h = rng.standard_normal((2, 8, 6)).astype(np.float32)
+    w = rng.standard_normal((V, 6)).astype(np.float32)
+    b = np.zeros(V, np.float32)
+    b[V - pad:] = -np.inf
+    b[0] = -np.inf  # (a block's first column)
+    t = rng.integers(0, V - pad, (2, 8))
+    t[1, 2] = V - 1
+    z = _logits64(h, w, b)
+    r = (z + rng.standard_normal(z.shape) * 0.3).astype(np.float32)
+    r[..., 1300:] = -np.inf
+    r[0, 3, 1600:] = r[1, 1, 1600:] = 1.0
+    r[0, 5, :600] = -np.inf
+    return h, w, b, t, z, r
+
+
+@pytest.mark.parametrize("route", ["host", "cuda path"])
+def test_a_vocabulary_block_all_minus_inf_holds_no_mass(monkeypatch, route):
+    """A -inf bias masking padded vocabulary entries leaves whole vocabulary
+    blocks at -inf: such a block adds no mass, and no row is done again
+    (every row of the chunk was, whole and one at a time: 4x the time at V
+    8192, d 1024), on the host and on the CUDA path (CPU tensors routed
+    through it); the numbers are the float64 reference's on the
+    materialized logits."""
+    from lmmetrics import _cuda, _engine, _inputs
+
+    rng = np.random.default_rng(11)
+    h, w, b, t, z, r = _padded_vocabulary(rng)
+    calls = []
+    rows = _lazy.Projected.rows
+    monkeypatch.setattr(_lazy.Projected, "rows", lambda self, i, *cols: calls.append(cols) or rows(self, i, *cols))
+    if route == "cuda path":
+        torch = pytest.importorskip("torch")
+        routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
+        monkeypatch.setattr(_engine, "is_cuda", routed)
+        monkeypatch.setattr(_inputs, "is_cuda", routed)
+        exact = _cuda.exact_rows
+        monkeypatch.setattr(_cuda, "exact_rows", lambda idx, *a: calls.append("exact " + str(idx)) or exact(idx, *a))
+        h, w, b, r = (torch.from_numpy(x) for x in (h, w, b, r))
+    lazy = lmmetrics.projected(h, w, b, chunk_bytes=8 * 600 * 8)
+    got = _engine.run(lazy, t, r, nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True)
+    assert calls and all(c and c[0] != slice(None) for c in calls)  # (whole rows: done again)
+    assert "exact" not in str(calls)
+    assert any(c[0].start >= 1500 for c in calls)  # (a block all -inf)
+    tol = dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got.nll, ref_nll(z, t).reshape(-1), **tol)
+    assert got.nll[8 + 2] == np.inf
+    np.testing.assert_allclose(got.entropy, ref_entropy(z).reshape(-1), **tol)
+    np.testing.assert_allclose(got.kl, ref_kl(r, z).reshape(-1), **tol)
+    assert np.isinf(got.kl[[3, 9]]).all() and np.isfinite(np.delete(got.kl, [3, 9])).all()
+    np.testing.assert_allclose(got.ref_nll, ref_nll(r, t).reshape(-1), **tol)
+    np.testing.assert_allclose(got.top_logprob, (z.max(-1) - logsumexp(z, axis=-1)).reshape(-1), **tol)
+    np.testing.assert_array_equal(got.argmax, np.argmax(z, -1).reshape(-1))
+    np.testing.assert_array_equal(got.ref_argmax, np.argmax(np.asarray(r), -1).reshape(-1))
+
+
+def test_a_row_all_minus_inf_is_named_before_a_later_nan_with_blocks_all_minus_inf():
+    """With blocks all -inf merged as no mass, a row all -inf (here the
+    reference's) is still named, and before a later row's NaN whichever
+    block holds it, as the native core names them on whole rows."""
+    rng = np.random.default_rng(12)
+    h, w, b, t, z, r = _padded_vocabulary(rng)
+    lazy = lmmetrics.projected(h, w, b, chunk_bytes=8 * 600 * 8)
+    r[0, 6] = -np.inf
+    with pytest.raises(ValueError, match=r"reference_logits row 6 \(position \(0, 6\)\) is all -inf"):
+        lmmetrics.token_kl(lazy, reference_logits=r)
+    h2 = h.copy()
+    h2[1, 0, 0] = np.nan  # row 8: NaN in every block, the first one first
+    for ref, want in ((r, r"reference_logits row 6 .* all -inf"), (np.where(np.isinf(r), 0, r), "NaN in logits at row 8")):
+        with pytest.raises(ValueError, match=want):
+            lmmetrics.token_kl(lmmetrics.projected(h2, w, b, chunk_bytes=8 * 600 * 8), reference_logits=ref)
+
+
+def test_projected_refuses_a_hidden_size_of_0_and_options_that_are_not_numbers():
+    """A hidden size of 0 failed at the first metric with numpy's reshape
+    message, and scale=True or scale='2' were taken as the numbers 1 and 2:
+    each is refused when the lazy logits are built (as softcap and
+    chunk_bytes are), naming what is wrong."""
+    rng = np.random.default_rng(13)
+    h, w, b, ids = _case(rng)
+    with pytest.raises(ValueError, match=r"projected: hidden size 0 \(hidden shape \(3, 20, 0\), weight shape "
+                                         r"\(700, 0\)\)"):
+        lmmetrics.projected(h[..., :0], w[:, :0], b)
+    for bad in (True, False, "2", None, [2.0]):
+        with pytest.raises(TypeError, match=r"projected: scale must be a real number \(a float\), got "):
+            lmmetrics.projected(h, w, scale=bad)
+    for bad in (True, "2", [2.0]):
+        with pytest.raises(TypeError, match="softcap must be a number or None"):
+            lmmetrics.projected(h, w, softcap=bad)
+    for bad in (True, "2", 2.5, 0):
+        with pytest.raises(ValueError, match="chunk_bytes must be a positive integer"):
+            lmmetrics.projected(h, w, chunk_bytes=bad)
+    # numbers of any real type are numbers
+    z = _logits64(h, w, b, scale=2.0)
+    for scale in (2, np.float32(2.0), np.int64(2)):
+        np.testing.assert_allclose(lmmetrics.token_nll(lmmetrics.projected(h, w, b, scale=scale), ids),
+                                   ref_nll(z, ids), rtol=TOL, atol=TOL)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=r"projected: hidden size 0"):
+        lmmetrics.projected(torch.zeros(2, 0), torch.zeros(5, 0))

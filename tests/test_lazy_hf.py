@@ -189,6 +189,30 @@ def test_factors_the_config_names_are_applied_only_when_the_model_does():
     assert _same_metrics(T.LlamaForCausalLM(cfg).eval(), ids).scale == 1.0
 
 
+@pytest.mark.parametrize("scaling", [0.3, 0.96, 3.84])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_granite_divides_by_a_factor_that_is_not_a_power_of_two(dtype, scaling):
+    """Granite divides its logits by logits_scaling in their dtype: the
+    lazy logits divide too (times the inverse rounds about 1% of 16-bit
+    logits differently: the check refused these as an unknown transform,
+    and float32 passed it a last bit off), so every metric is the model's
+    own logits' to the bit."""
+    torch.manual_seed(0)
+    m = T.GraniteForCausalLM(T.GraniteConfig(**COMMON, logits_scaling=scaling)).eval()
+    ids = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():  # logits up to about 8, after the division
+        m.lm_head.weight.mul_(8.0 * scaling / float(m(ids).logits.abs().max()))
+    m = m.to(dtype)
+    with torch.no_grad():
+        full = m(ids).logits
+        lazy = lmmetrics.model_logits(m, ids)
+    np.testing.assert_array_equal(lazy.rows(np.arange(48)).float().numpy(), full.reshape(48, V).float().numpy())
+    assert lazy.divisor == scaling and lazy.dtype == str(dtype).replace("torch.", "")
+    assert lmmetrics.evaluate(lazy, ids, shift=True).as_dict() == lmmetrics.evaluate(full, ids, shift=True).as_dict()
+    np.testing.assert_array_equal(lmmetrics.token_nll(lazy, ids, shift=True).numpy(),
+                                  lmmetrics.token_nll(full, ids, shift=True).numpy())
+
+
 def test_a_model_under_autocast():
     """A float32 model run under torch.autocast (bfloat16 on the CPU): its
     head ran in bfloat16, and so do the lazy logits, whether the metric is

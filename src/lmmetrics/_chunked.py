@@ -13,8 +13,11 @@ largest, the top token's log-probability the largest of the blocks' (each
 moved by its block's share of the mass), and the rank (the logits above
 the target's) the sum of the blocks' counts against the target's logit,
 which a first look at each row's target block gives (the block's own value
-where the target lies in it). Rows the blocks cannot certify (a block all -inf, +inf logits) are
-done again whole, one at a time. Ignored rows are never projected.
+where the target lies in it). A block where a row is all -inf (a -inf bias
+masking padded vocabulary entries) holds none of that row's mass and adds
+nothing to it. Rows the blocks cannot certify (+inf logits, every block
+-inf: an error) are done again whole, one at a time. Ignored rows are never
+projected.
 
 On a CUDA device, chunks of whole rows go through the CUDA pass without
 waiting for it (:func:`lmmetrics._cuda.launch`); their per-row results stay
@@ -218,16 +221,17 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     which gives the block's logsumexp (its largest logit less its top
     log-probability; the reference's, its NLL at its largest logit, the
     tile's targets, plus that logit); the blocks merged in float64. A row
-    the blocks cannot certify (a block all -inf, +inf logits) is done again
-    whole, alone.
+    the blocks cannot certify (+inf logits; every block all -inf: an error)
+    is done again whole, alone; a block all -inf in a row holds none of its
+    mass (`_run_tile`).
 
     CUDA logits, given on_device, go through the CUDA pass a tile at a time
     without waiting for the device (:func:`_launch`): the blocks' values
     stay there and are merged there, in float64 by the same formulas (torch
     for numpy), into one result buffer (:data:`lmmetrics._cuda.N_RESULTS`
     x rows) that joins on_device for :func:`_settle`; a row some block
-    cannot certify (flagged, a value not finite, or its logsumexp not
-    finite) is flagged F_REDO there, and done again whole by the exact path after the one
+    cannot certify (flagged, a value not finite where its side has mass in
+    the block, or its logsumexp not finite: `_tile_redo`) is flagged F_REDO there, and done again whole by the exact path after the one
     transfer (which names a bad row)."""
     V = out.n_cols
     n = sel.size
@@ -236,8 +240,10 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     # log-probability); the reference's from its NLL at the reference's
     # largest logit (the tile's targets), plus that logit. (From a fixed
     # column, a logit far below the block's max, a -1e9 mask, would cancel
-    # the NLL's digits away.)
-    kw = dict(nll=True, entropy=want["entropy"], argmax=True, kl=want["kl"], ref_nll=ref, top_logprob=True)
+    # the NLL's digits away.) No NLL at the tile's targets: unread, and
+    # on the device inf where a block's first column is -inf (a masked
+    # token 0), which sent every row to the exact path.
+    kw = dict(nll=False, entropy=want["entropy"], argmax=True, kl=want["kl"], ref_nll=ref, top_logprob=True)
     dev = None if on_device is None else _cuda_device(logits, reference)
     xp: Any = np
     if dev is not None:
@@ -253,47 +259,46 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     redo = _zeros(n, bool, dev)
     col0 = np.zeros(n, np.int64)
     rows_n = np.arange(n) if dev is None else xp.arange(n, device=dev)
+    massless = [np.ones(n, bool), np.ones(n, bool)]  # (host) rows without mass so far: logits, reference
     for j in range(0, V, block):
         cols = slice(j, min(V, j + block))
         z = _take_rows(logits, sel, lead, cols, cap)
         r = None if not ref else _take_rows(reference, sel, lead, cols, cap)
         anchor = col0 if r is None else _row_argmax(r)
         if dev is not None:  # the tile's values and flags stay on the device
-            from . import _cuda
-
             res = _launch(z, r, col0, 0.0, kw, anchor if r is not None else None)
-            flags = res[_cuda.RES_FLAGS]
-            # a torch chunk's F_REDO flags all its rows: its rows are
-            # certified one by one, by their values (finite), as it does
-            redo |= (flags != 0) & (flags != _cuda.F_REDO)
-            for name in OUTPUTS:
-                if kw.get(name) and name not in INDEX_OUTPUTS:
-                    redo |= ~xp.isfinite(res[1 + OUTPUTS.index(name)])
             floats: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)]  # noqa: E731
             indices: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)].long()  # noqa: E731
         else:
             try:
-                part = run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
+                part = _run_tile(run, z, r, anchor, threads, kw)
             except RowError as e:
-                if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
-                    # a NaN: the first bad row is named, though an earlier
-                    # row's may sit in a later block
-                    row, status = _first_nan(logits, reference, sel, lead, j + block, block, cap, e.row, e.status)
-                    raise row_error(status, int(sel[row]), lead) from None
-                _lazy_rows_alone(run, logits, reference, sel, t, out, lead, cap, threads, want)  # a block all -inf
-                return
+                # a NaN: the first bad row is named, though an earlier row's
+                # NaN may sit in a later block, or its blocks all be -inf
+                row, status = _first_bad(logits, reference, sel, lead, j, block, cap, e.row, e.status, massless)
+                raise row_error(status, int(sel[row]), lead) from None
             floats, indices = part.floats, part.indices
+        # a row all -inf in this block (a -inf bias masking padded entries)
+        # holds none of its mass here: its block values are not read
         am = indices("argmax")
         amv = _at(z, rows_n, am, dev)
+        none = amv == -math.inf
+        rmax = None if r is None else _at(r, rows_n, anchor, dev)  # (anchor: the reference's argmax)
+        rnone = xp.zeros_like(none) if rmax is None else rmax == -math.inf
+        if dev is not None:
+            redo |= _tile_redo(res, kw, none, rnone)
+        else:
+            massless[0] &= none
+            massless[1] &= rnone
         with np.errstate(invalid="ignore"):  # inf - inf: the row is done again whole
-            blocks["lse"].append(amv - floats("top_logprob"))
+            blocks["lse"].append(xp.where(none, -math.inf, amv - floats("top_logprob")))
         if want["entropy"]:
-            blocks["ent"].append(floats("entropy"))
+            blocks["ent"].append(xp.where(none, 0.0, floats("entropy")))
         if want["argmax"]:
             blocks["am"].append(am + j)
             blocks["amv"].append(amv)
         if want["top_logprob"]:
-            blocks["top"].append(floats("top_logprob"))
+            blocks["top"].append(xp.where(none, -math.inf, floats("top_logprob")))
         if t is not None:
             inb = np.flatnonzero((t >= cols.start) & (t < cols.stop))
             _set(zt, inb, _at(z, inb, t[inb] - j, dev))
@@ -302,9 +307,9 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             above += _count_above(z, thr)
         if ref:
             with np.errstate(invalid="ignore"):
-                blocks["rlse"].append(floats("ref_nll") + _at(r, rows_n, anchor, dev))
-            if want["kl"]:
-                blocks["kl"].append(floats("kl"))
+                blocks["rlse"].append(xp.where(rnone, -math.inf, floats("ref_nll") + rmax))
+            if want["kl"]:  # (the model's block without mass, the reference's with: inf, by its share)
+                blocks["kl"].append(xp.where(none | rnone, 0.0, floats("kl")))
             if want["argmax"]:
                 ram = indices("ref_argmax")
                 blocks["ram"].append(ram + j)
@@ -332,7 +337,8 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
         if t is not None and out.ref_nll is not None:
             merged["ref_nll"] = rlse - rt
         if want["kl"]:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
-            merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
+            with np.errstate(invalid="ignore"):  # (-inf - -inf: a block without mass on both sides, weight 0)
+                merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
         if want["argmax"]:
             merged["ref_argmax"] = _take_best(blocks["ramv"], blocks["ram"], xp)
     values = {name: v if name in INDEX_OUTPUTS or name == "top_logprob" else xp.where(v < 0, 0.0, v)
@@ -347,21 +353,80 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
                          want)
 
 
-def _first_nan(logits: Any, reference: Any, sel: I64Array, lead: Tuple[int, ...], start: int, block: int,
-               cap: float, row: int, status: Status) -> Tuple[int, Status]:
-    """The first of the rows sel with a NaN (and its error), given that row
-    (a position in sel) has one in a block before start and the rows before
-    it none there: the blocks from start on, for those rows only."""
+def _run_tile(run: RunFn, z: Any, r: Any, anchor: Any, threads: int, kw: Dict[str, bool]) -> RowResults:
+    """``run`` over a tile (some rows' vocabulary block, and the
+    reference's), targets anchor. A row all -inf in the block, on either
+    side, which the core refuses, holds none of the row's mass there: it is
+    run as zeros (the merge does not read its values) and the tile
+    restored (its own copy: computed, or copied from the logits)."""
+    try:
+        return run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
+    except RowError as e:
+        if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
+            raise
+    empty = [None if x is None else _massless(x) for x in (z, r)]
+    for x, rows in zip((z, r), empty):
+        if x is not None:
+            x[rows] = 0
+    try:
+        return run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
+    finally:
+        for x, rows in zip((z, r), empty):
+            if x is not None:
+                x[rows] = -math.inf
+
+
+def _massless(x: Any) -> Any:
+    """Per row of the tile x (numpy or a tensor), whether it is all -inf (a
+    NaN is not)."""
+    return x.max(1) == -math.inf if isinstance(x, np.ndarray) else x.amax(1) == -math.inf
+
+
+def _tile_redo(res: Any, kw: Dict[str, bool], none: Any, rnone: Any) -> Any:
+    """The rows of a CUDA tile's pass (its result buffer res) that the merge
+    cannot certify: flagged (NaN, +inf, a KL term beyond float), or a value
+    not finite on a side with mass in the block; a side all -inf there (none,
+    rnone: flagged as empty, its values NaN) holds none of the row's mass.
+    A torch chunk's F_REDO flags all its rows: the rows are certified one by
+    one, by their values, as it does."""
+    import torch
+
+    from . import _cuda
+
+    flags = res[_cuda.RES_FLAGS].long()
+    bad = (flags & ~(_cuda.F_REDO | _cuda.F_EMPTY | _cuda.F_EMPTY_REF)) != 0
+    for name in OUTPUTS:
+        if kw.get(name) and name not in INDEX_OUTPUTS:
+            skip = none | rnone if name == "kl" else rnone if name == "ref_nll" else none
+            bad |= ~torch.isfinite(res[1 + OUTPUTS.index(name)]) & ~skip
+    return bad
+
+
+# a row's errors in the order the core checks them
+_ORDER = (Status.LM_ERR_NAN, Status.LM_ERR_EMPTY, Status.LM_ERR_NAN_REF, Status.LM_ERR_EMPTY_REF)
+
+
+def _first_bad(logits: Any, reference: Any, sel: I64Array, lead: Tuple[int, ...], start: int, block: int,
+               cap: float, row: int, status: Status, massless: List[Any]) -> Tuple[int, Status]:
+    """The first of the rows sel that is bad (NaN, or all -inf, on either
+    side), and its error, as the core names it on whole rows, given that row
+    (a position in sel) is the first with a NaN in the blocks up to start's
+    (status), and massless the rows (logits', reference's) all -inf in the
+    blocks before start: the blocks from start on, for the rows up to row."""
     V = _lazy_shape(logits).n_cols
-    for j in range(start, V, block):
-        for side, side_status in ((logits, Status.LM_ERR_NAN), (reference, Status.LM_ERR_NAN_REF)):
-            if side is None or row == 0:
-                continue
-            x = _take_rows(side, sel[:row], lead, slice(j, min(V, j + block)), cap)
-            bad = np.flatnonzero(np.asarray((x != x).any(1)))
-            if bad.size:
-                row, status = int(bad[0]), side_status
-    return row, status
+    found = [(row, _ORDER.index(status))]
+    for side, k in ((logits, 0), (reference, 2)):
+        if side is None:
+            continue
+        nan = np.zeros(row + 1, bool)
+        empty = np.array(massless[k // 2][:row + 1])
+        for j in range(start, V, block):
+            x = _take_rows(side, sel[:row + 1], lead, slice(j, min(V, j + block)), cap)
+            nan |= np.asarray((x != x).any(1))
+            empty &= np.asarray((x == -math.inf).all(1))
+        found += [(int(i), k) for i in np.flatnonzero(nan)[:1]] + [(int(i), k + 1) for i in np.flatnonzero(empty)[:1]]
+    first, which = min(found)
+    return first, _ORDER[which]
 
 
 def _as_results(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:

@@ -12,6 +12,7 @@ own forward before it is used.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
@@ -24,6 +25,14 @@ if TYPE_CHECKING:
 
 # Logits rows materialized at once (per side) on the host: a few tens of MiB
 DEFAULT_CHUNK_BYTES = 32 * 2**20
+
+# A factor on a head's output: its value, and whether the logits are
+# divided by it (else multiplied)
+_Factor = Tuple[float, bool]
+_NO_FACTOR: _Factor = (1.0, False)
+# What model_logits' check finds: the factor, the soft cap, the logits'
+# dtype where the model changes it after the head (None: the head's)
+_Transform = Tuple[_Factor, Optional[float], Any]
 
 
 def _is_torch(x: Any) -> bool:
@@ -40,11 +49,14 @@ def _dtype_name(x: Any) -> str:
 class Projected:
     """Logits ``scale * (hidden @ weight.T + bias)``, soft-capped to
     ``softcap * tanh(logits / softcap)`` when ``softcap`` is set, that are
-    never computed whole. Build one with :func:`lmmetrics.projected`."""
+    never computed whole. Build one with :func:`lmmetrics.projected`.
+    ``divisor`` is set (``model_logits`` of a model that divides its logits
+    by a factor, as Granite does) where the logits are divided by it, as the
+    model does; ``scale`` is then its inverse."""
 
     def __init__(self, hidden: Any, weight: Any, bias: Any = None, scale: float = 1.0,
                  softcap: Optional[float] = None, chunk_bytes: Optional[int] = None,
-                 _autocast: Any = None, _out_dtype: Any = None) -> None:
+                 _autocast: Any = None, _out_dtype: Any = None, _divide: bool = False) -> None:
         torch_in = [_is_torch(x) for x in (hidden, weight, bias) if x is not None]
         if any(torch_in) and not all(torch_in):
             raise TypeError("projected: hidden, weight and bias must all be torch tensors or all numpy arrays")
@@ -81,16 +93,23 @@ class Projected:
             raise ValueError("projected: the weight has an empty vocabulary (shape (0, d))")
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"projected: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-        try:
-            scale_f = float(scale)
-        except (TypeError, ValueError):
-            scale_f = math.nan
+        if weight.shape[1] == 0:
+            raise ValueError(f"projected: hidden size 0 (hidden shape {tuple(hidden.shape)}, weight shape "
+                             f"{tuple(weight.shape)}): the hidden states and the head need at least one feature")
+        given: object = scale  # (any object: a bool or a string is refused, not read as a number)
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
+            raise TypeError(f"projected: scale must be a real number (a float), got {scale!r}")
+        scale_f = float(given)
         if not math.isfinite(scale_f) or scale_f == 0:
             raise ValueError(f"projected: scale must be a finite non-zero number, got {scale!r}")
         self.hidden: Any = hidden
         self.weight: Any = weight
         self.bias: Any = bias
-        self.scale: float = scale_f
+        # model_logits(): a model that divides its logits by a factor
+        # (Granite) is divided by it, to the bit, not multiplied by its
+        # inverse (which rounds 1% of 16-bit logits differently)
+        self.divisor: Optional[float] = scale_f if _divide else None
+        self.scale: float = 1.0 / scale_f if _divide else scale_f
         self.softcap: Optional[float] = check_softcap(softcap) or None
         self.chunk_bytes: Optional[int] = None if chunk_bytes is None else check_positive_int("chunk_bytes",
                                                                                               chunk_bytes)
@@ -139,6 +158,7 @@ class Projected:
 
     def __repr__(self) -> str:
         extra = "".join([", bias" if self.bias is not None else "",
+                         f", scale=1/{self.divisor:g}" if self.divisor is not None else
                          f", scale={self.scale:g}" if self.scale != 1.0 else "",
                          f", softcap={self.softcap:g}" if self.softcap else ""])
         return f"projected(logits shape {self.shape}, {self.dtype}{extra})"
@@ -173,6 +193,10 @@ class Projected:
         z *= softcap
         return z
 
+    def _factor(self) -> _Factor:
+        """The factor on the head's output, and whether it divides."""
+        return (self.divisor, True) if self.divisor is not None else (self.scale, False)
+
     def _rows(self, index: Any, cols: slice) -> Any:
         lead = self.shape[:-1]
         w = self.weight[cols]
@@ -189,14 +213,16 @@ class Projected:
             dev = h.device.type
             with torch.autocast(dev, dtype=self.autocast[1] if self.autocast else None, enabled=bool(self.autocast)):
                 z = torch.nn.functional.linear(h, w, b)
-            return _finish(z, self.out_dtype, self.scale, caps)
+            return _finish(z, self.out_dtype, self._factor(), caps)
         h = self.hidden.reshape(-1, self.hidden.shape[-1])[index] if len(lead) <= 1 else \
             self.hidden[np.unravel_index(index, lead)]
         with np.errstate(invalid="ignore", over="ignore"):  # (NaN and overflow: the metric's to name)
             z = h @ w.T
             if b is not None:
                 z += b
-            if self.scale != 1.0:
+            if self.divisor is not None:
+                z /= self.divisor
+            elif self.scale != 1.0:
                 z *= self.scale
             for c in caps:
                 z /= c
@@ -205,17 +231,22 @@ class Projected:
         return z
 
 
-def _finish(z: torch.Tensor, out_dtype: Any, scale: float, caps: List[float]) -> torch.Tensor:
+def _finish(z: torch.Tensor, out_dtype: Any, factor: _Factor, caps: List[float]) -> torch.Tensor:
     """The head's output z (a fresh tensor) made logits: in out_dtype (the
-    model's logits' dtype; None: z's), times scale, soft-capped by each cap
-    (the order of the models' own code: Gemma 2, Cohere, Beam's .float()
-    first)."""
+    model's logits' dtype; None: z's), times the factor or divided by it
+    (factor: the value, and whether it divides), as torch's operation on a
+    Python number in z's dtype, as the model applies it; soft-capped by
+    each cap (the order of the models' own code: Gemma 2, Cohere, Beam's
+    .float() first)."""
     import torch
 
     if out_dtype is not None and z.dtype != out_dtype:
         z = z.to(out_dtype)
-    if scale != 1.0:
-        z.mul_(scale)
+    value, divide = factor
+    if divide:
+        z.div_(value)
+    elif value != 1.0:
+        z.mul_(value)
     for c in caps:
         z = torch.tanh(z.div_(c)).mul_(c)
     return z
@@ -276,8 +307,11 @@ def projected(hidden: Any, weight: Any, bias: Any = None, scale: float = 1.0, so
 # ------------------------------------------------------------ from a model
 
 # Config attributes of the transforms causal LMs apply to their head's
-# output: factors (as the value, or as its inverse: both conventions exist,
-# logits * s and logits / s) and soft caps. Which of them the model applies
+# output: factors (in the logits' dtype, logits * s or logits / s: both
+# conventions exist, under one name too: transformers' Granite divides by
+# logits_scaling, HyperCLOVAX multiplies by it; Cohere multiplies by
+# logit_scale, Falcon-H1 by lm_head_multiplier, MuseSpark by
+# output_multiplier) and soft caps. Which of them the model applies
 # is decided by the model's own forward (the check), never by the name alone.
 _FACTORS = ("logit_scale", "logits_scaling", "output_multiplier", "lm_head_multiplier")
 _SOFTCAPS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
@@ -304,20 +338,21 @@ def _number(v: Any) -> Optional[float]:
     return f if math.isfinite(f) and f != 0 else None
 
 
-def _transforms(model: Any) -> List[Tuple[float, Optional[float]]]:
-    """The (factor, soft cap) pairs the model's config allows, the config's
+def _transforms(model: Any) -> List[Tuple[_Factor, Optional[float]]]:
+    """The (factor, soft cap) pairs the model's config allows (a factor: its
+    value, and whether the logits are divided by it), the name's usual
     reading first (Granite divides by logits_scaling), no transform last."""
-    factors: List[float] = []
+    factors: List[_Factor] = []
     for name in _FACTORS:
         v = _number(_config_value(model, name))
         if v is not None and v != 1.0:
-            factors += [1.0 / v, v] if name == "logits_scaling" else [v, 1.0 / v]
+            factors += [(v, True), (v, False)] if name == "logits_scaling" else [(v, False), (v, True)]
     caps: List[Optional[float]] = []
     for name in _SOFTCAPS:
         c = _number(_config_value(model, name))
         if c is not None and c > 0:
             caps.append(c)
-    return [(f, c) for c in list(dict.fromkeys(caps)) + [None] for f in list(dict.fromkeys(factors)) + [1.0]]
+    return [(f, c) for c in list(dict.fromkeys(caps)) + [None] for f in list(dict.fromkeys(factors)) + [_NO_FACTOR]]
 
 
 class _HeadReached(BaseException):
@@ -457,7 +492,7 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
 
 
 def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, check_positions: int,
-                  chunk_bytes: Optional[int], found: Optional[Tuple[float, Optional[float], Any]] = None) -> Projected:
+                  chunk_bytes: Optional[int], found: Optional[_Transform] = None) -> Projected:
     """model_logits; found: what the check of an earlier call on the same
     model found (:func:`_findings` of its lazy logits: factor, soft cap,
     logits dtype), taken without a check (sliding windows check their
@@ -490,7 +525,7 @@ def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, 
     autocast = _autocast_state(weight.device.type)
     # (factor, soft cap, logits dtype): an earlier call's findings, the
     # check's, or none at all (check=False, a config that names none)
-    transform: Tuple[float, Optional[float], Any] = (1.0, None, None)
+    transform: _Transform = (_NO_FACTOR, None, None)
     if found is not None:
         transform = found
     else:
@@ -516,14 +551,22 @@ def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, 
                         f"not one hidden state a position of input_ids {tuple(ids.shape)}")
     if one_sequence:
         hidden = hidden[0]
-    lazy = Projected(hidden, weight, bias, factor, cap, chunk_bytes, _autocast=autocast, _out_dtype=out_dtype)
+    lazy = _projected_as(factor, hidden, weight, bias, cap, chunk_bytes, autocast, out_dtype)
     lazy.from_model = True
     return lazy
 
 
-def _findings(lazy: Projected) -> Tuple[float, Optional[float], Any]:
+def _projected_as(factor: _Factor, hidden: Any, weight: Any, bias: Any, cap: Optional[float],
+                  chunk_bytes: Optional[int], autocast: Optional[Tuple[str, Any]], out_dtype: Any) -> Projected:
+    """The lazy logits of a model's head, transformed as the model does."""
+    value, divide = factor
+    return Projected(hidden, weight, bias, value, cap, chunk_bytes, _autocast=autocast, _out_dtype=out_dtype,
+                     _divide=divide)
+
+
+def _findings(lazy: Projected) -> _Transform:
     """What model_logits' check found, for a later call on the same model."""
-    return lazy.scale, lazy.softcap, lazy.out_dtype
+    return lazy._factor(), lazy.softcap, lazy.out_dtype
 
 
 def _active_dropout(model: Any) -> Optional[str]:
@@ -585,8 +628,8 @@ def _disagreement(want: torch.Tensor, got: torch.Tensor, eps: float, floor: floa
 
 
 def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: Any, ids: torch.Tensor,
-                           mask: Any, transforms: List[Tuple[float, Optional[float]]],
-                           autocast: Optional[Tuple[str, Any]], k: int) -> Tuple[float, Optional[float], Any]:
+                           mask: Any, transforms: List[Tuple[_Factor, Optional[float]]],
+                           autocast: Optional[Tuple[str, Any]], k: int) -> _Transform:
     """The transform (factor, soft cap, logits dtype) the model applies to
     its head's output, found by the model's forward on the first sequence's
     first k attended positions with the head's output replaced by probe
@@ -642,7 +685,7 @@ def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: 
             f"factor or a soft cap from its config explains its logits). Use model(input_ids).logits, or "
             f"build the logits with lmmetrics.projected(hidden, weight, bias, scale, softcap)")
     rows = np.arange(first, end, dtype=np.int64)
-    got = Projected(h[0], weight, bias, factor, cap, _autocast=autocast, _out_dtype=out_dtype).rows(rows)
+    got = _projected_as(factor, h[0], weight, bias, cap, None, autocast, out_dtype).rows(rows)
     w = want[0, first:end]
     big = float(w.double().abs().max()) if w.numel() else 0.0
     floor = (1e-4 * (1.0 + big)) if eps < 1e-6 else 2 * eps * big
