@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "ranking", "torchmetrics"]
+MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "ranking", "torchmetrics",
+           "lm_eval"]
 OPTIONAL = ("torch", "tokenizers", "torchmetrics")
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
