@@ -23,6 +23,7 @@ without model plugins::
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import warnings
@@ -125,8 +126,6 @@ class LazyHFLM(HFLM):
 
     def _forward_context(self) -> Any:
         """HFLM's _model_call context: no grad, its autocast."""
-        import contextlib
-
         dtype = getattr(self, "mixed_precision_dtype", None)
         stack = contextlib.ExitStack()
         stack.enter_context(torch.no_grad())
