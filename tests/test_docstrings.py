@@ -9,7 +9,7 @@ import re
 import pytest
 
 MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "ranking", "torchmetrics",
-           "transformers"]
+           "transformers", "lm_eval"]
 OPTIONAL = ("torch", "tokenizers", "torchmetrics")
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
