@@ -451,11 +451,12 @@ def _count_before(z: Any, thr: Any, at: I64Array) -> Any:
 
         on_device = isinstance(thr, torch.Tensor)
         th = (thr if on_device else torch.from_numpy(thr).to(z.device))[:, None]
-        earlier = torch.arange(z.shape[1], device=z.device)[None, :] < to_device(at, z.device)[:, None]
-        counted = ((z > th) | ((z == th) & earlier)).sum(1)
+        hit = z == th  # in place from here: three bytes a logit at most
+        hit &= torch.arange(z.shape[1], device=z.device)[None, :] < to_device(at, z.device)[:, None]
+        hit |= z > th
         if on_device:
-            return counted
-        counts: I64Array = counted.cpu().numpy().astype(np.int64)
+            return hit.sum(1)
+        counts: I64Array = hit.sum(1).cpu().numpy().astype(np.int64)
         return counts
     th = thr[:, None]
     before = np.arange(z.shape[1])[None, :] < at[:, None]
