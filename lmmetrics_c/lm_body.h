@@ -5,7 +5,8 @@
  *   lmv_mul, lmv_div, lmv_fma (fused), lmv_max, lmv_min, lmv_abs, lmv_copysign,
  *   lmv_scale, lmv_pow2q, lmv_sel_n0, lmv_zero_below, lmv_any_eq, lmv_store,
  *   lmv_loadu, lmv_cnt_t, lmv_cnt_zero, lmv_cnt_gt, lmv_cnt_sum (the rank's
- *   count of lanes above a value, in int lanes) (and optionally lmv_i16_t and lmv_imax16*, and lmv_acc_t,
+ *   count of lanes above a value, in int lanes; the rank's ties need no
+ *   primitive of their own [README: rank]) (and optionally lmv_i16_t and lmv_imax16*, and lmv_acc_t,
  *   lmv_acc_fma, lmv_acc_sum: the lane sums' type, lmv_t by default),
  * and the dtype macros
  *   LM_ELEM            the storage type, LM_ELEM_NEGINF its -inf,
@@ -437,13 +438,16 @@ typedef struct {
  * on). The lanes form d against the lane maxima and the sums are moved to
  * the shifts at the end. Terms are clamped to exp(LM_EXP_LO) below the shift; the caller
  * does the block again if its maxima pass the maxima before by more than
- * LM_HEAD. With rank, also the count of the model's values above thr: one
- * compare and one integer subtract a vector [README: rank]. */
+ * LM_HEAD. With rank, also the count of the model's values above thr_lo in
+ * the steps before sj (a multiple of LM_STEP) and above thr from sj on:
+ * one compare and one count a vector, the threshold a constant of each of
+ * the loop's parts [README: rank]. */
 LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64_t len,
                                         const LM_FN(ahead_t) pf, const LM_FN(ahead_t) pfr,
                                         double shift, double ref_shift, LMV_LANE lane_max,
                                         LMV_LANE ref_lane_max, const int ent, const int ref,
-                                        const int rank, const lmv_t thr, const LM_FN(loader_t) ld) {
+                                        const int rank, const lmv_t thr_lo, const lmv_t thr, int64_t sj,
+                                        const LM_FN(loader_t) ld) {
     const int capped = ld.capped;
     const LM_FN(terms_t) kz = LM_FN(terms_)(shift, lane_max), kr = LM_FN(terms_)(ref_shift, ref_lane_max);
     const lmv_t zero = lmv_set1(0.0f), neginf = lmv_set1(-INFINITY);
@@ -455,18 +459,21 @@ LM_INLINE LM_FN(block_t) LM_FN(block_)(const LM_ELEM *z, const LM_ELEM *r, int64
 #if LM_RAWMAX
     lmv_i16_t imx = lmv_imax16_init(), rimx = imx;
 #endif
-    /* the steps before the prefetch's cut, then those after it: no
-     * choice of address in the loop */
+    /* the loop in parts cut at the prefetch's cut and at sj: no choice of
+     * address or threshold in the loop */
     const int64_t cut = pf.cut <= 0 ? 0 : pf.cut >= len ? len : (pf.cut + LM_STEP - 1) / LM_STEP * LM_STEP;
+    const int64_t b1 = cut < sj ? cut : sj, b2 = cut < sj ? sj : cut;
     int64_t j = 0;
     int steps = 0; /* since the last flush */
-    for (int part = 0; part < 2; part++) {
-        const uintptr_t at = part ? pf.out : pf.in, ref_at = part ? pfr.out : pfr.in;
-        for (; j < (part ? len : cut); j += LM_STEP) {
+    for (int part = 0; part < 3; part++) {
+        const int64_t end = part == 0 ? b1 : part == 1 ? b2 : len;
+        const uintptr_t at = j < cut ? pf.in : pf.out, ref_at = j < cut ? pfr.in : pfr.out;
+        const lmv_t th = j < sj ? thr_lo : thr;
+        for (; j < end; j += LM_STEP) {
             lmv_t za, zb, ra = zero, rb = zero;
             LM_FN(load_)(z + j, ld, &za, &zb);
             LM_FN(prefetch_)(at, j);
-            if (rank) { cnt = lmv_cnt_gt(cnt, za, thr); cnt = lmv_cnt_gt(cnt, zb, thr); }
+            if (rank) { cnt = lmv_cnt_gt(cnt, za, th); cnt = lmv_cnt_gt(cnt, zb, th); }
             if (ref) LM_FN(prefetch_)(ref_at, j);
 #if LM_RAWMAX
             if (!capped) {
@@ -572,6 +579,29 @@ LM_INLINE int LM_FN(first_)(lm_side *sd, LMV_LANE bm) {
     return bm == INFINITY || isnan(sd->shift);
 }
 
+/* ------------------------------------------------------------------- rank */
+
+/* The lane value next below t (z > below_(t) is z >= t for every lane
+ * value z): float lanes step in float, double lanes in double. */
+LM_INLINE LMV_LANE LM_FN(below_)(LMV_LANE t) {
+    return sizeof(LMV_LANE) == sizeof(float) ? (LMV_LANE)nextafterf((float)t, -INFINITY)
+                                              : (LMV_LANE)nextafter((double)t, -INFINITY);
+}
+
+/* The values of the step z[0, LM_STEP) (as the loader gives them) equal
+ * to t at the elements before m: the ties that rank before the target in
+ * the step that holds it, whose lanes the pass compares with t itself. */
+LM_INLINE int64_t LM_FN(ties_)(const LM_ELEM *z, int64_t m, LMV_LANE t, const LM_FN(loader_t) ld) {
+    LMV_LANE tmp[LM_STEP];
+    lmv_t a, b;
+    int64_t c = 0;
+    LM_FN(load_)(z, ld, &a, &b);
+    lmv_store(tmp, a);
+    lmv_store(tmp + LMV_W, b);
+    for (int k = 0; k < LM_STEP; k++) c += LM_LANE_ELEM(k) < m && tmp[k] == t;
+    return c;
+}
+
 /* ---------------------------------------------------------------- segment */
 
 /* A block of the segment: the whole blocks in place, then the tail copied
@@ -620,11 +650,13 @@ LM_INLINE LM_FN(ahead_t) LM_FN(ahead_)(const LM_ELEM *p, int64_t n, int64_t o, c
 
 /* The segment z[0, n) (and r[0, n)) into *st [README: the pass]; next and
  * next_ref are where the data goes on after it (prefetched at its end).
- * With rank, st->rank counts the values above thr (a lane value). */
+ * With rank, st->rank counts the values that rank before the target's, thr
+ * (a lane value), at index at of the segment (maybe outside it): those
+ * above thr, and those equal to it before at [README: rank]. */
 LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                 const int ent, const int amax, const int ref, const int rank,
-                                const int capped, double cap, double thr, const void *next,
-                                const void *next_ref, lm_state *st) {
+                                const int capped, double cap, double thr, int64_t at,
+                                const void *next, const void *next_ref, lm_state *st) {
     const int64_t blk = ref ? LM_BLK / 2 : LM_BLK; /* KL: 64 terms a lane */
     const int64_t nv = n - n % LM_STEP, nmain = (nv + blk - 1) / blk;
     const int64_t nblocks = nmain + (nv < n);
@@ -635,8 +667,16 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     const lm_side empty = {-INFINITY, -INFINITY, 0.0, 0.0, -1};
     lm_side zs = empty, rs = empty;
     double cross = 0.0;
-    const lmv_t vthr = lmv_set1((LMV_LANE)thr);
-    int64_t count = 0;
+    /* the rank: the steps before sstep (the step that holds the target,
+     * split) count the values above thr_lo, the lane value next below thr
+     * (those >= thr), the steps from sstep on the values above thr, and
+     * the ties before split in split's own step are added (ties_). With
+     * thr -inf nothing lies below it: the steps before sstep count every
+     * value (NaN raises anyway), thr_lo = +inf none. */
+    const LMV_LANE t = (LMV_LANE)thr;
+    const int64_t split = !rank || at < 0 ? 0 : at > n ? n : at, sstep = split - split % LM_STEP;
+    const lmv_t vthr = lmv_set1(t), vthr_lo = lmv_set1(t == -INFINITY ? (LMV_LANE)INFINITY : LM_FN(below_)(t));
+    int64_t count = t == -INFINITY ? sstep : 0;
     LM_ELEM tz[LM_STEP], tr[LM_STEP];
 
     memset(st, 0, sizeof *st);
@@ -648,7 +688,9 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
     }
     for (int64_t k = 0; k < nblocks; k++) {
         const LM_FN(span_t) sp = LM_FN(span_)(k, nmain, blk, nv, z, ref ? r : NULL, tz, tr, ld, ldt);
-        const int64_t o = k * blk + pfe;
+        const int64_t o = k * blk + pfe, start = k < nmain ? k * blk : nv;
+        /* the block's steps before sstep (the rank's thr_lo) */
+        const int64_t sj = sstep <= start ? 0 : sstep - start < sp.len ? sstep - start : sp.len;
         /* prefetch a fixed distance ahead: in this segment, else the next */
         const LM_FN(ahead_t) pf = LM_FN(ahead_)(z, n, o, next, sp.z);
         const LM_FN(ahead_t) pfr = ref ? LM_FN(ahead_)(r, n, o, next_ref, sp.r) : pf;
@@ -660,7 +702,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
             if (exact) { st->exact = 1; return; }
         }
         b = LM_FN(block_)(sp.z, sp.r, sp.len, pf, pfr, lm_effective(zs.shift), lm_effective(rs.shift),
-                          LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs), ent, ref, rank, vthr, sp.ld);
+                          LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs), ent, ref, rank, vthr_lo, vthr, sj,
+                          sp.ld);
         count += b.count; /* (a redo counts the same values again: not taken) */
         if (b.max == INFINITY || b.ref_max == INFINITY || b.cross_big) { st->exact = 1; return; }
         /* [README: the redo rule] */
@@ -678,7 +721,7 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
                                  ref_here = {(uintptr_t)sp.r, (uintptr_t)sp.r, sp.len};
             b = LM_FN(block_)(sp.z, sp.r, sp.len, here, ref_here, lm_effective(zs.shift),
                               lm_effective(rs.shift), LM_FN(lane_max_)(&zs), LM_FN(lane_max_)(&rs),
-                              ent, ref, rank, vthr, sp.ld);
+                              ent, ref, rank, vthr_lo, vthr, sj, sp.ld);
             if (b.cross_big) { st->exact = 1; return; }
             LM_FN(take_)(&zs, &rs, &cross, &b, ref);
         }
@@ -722,6 +765,8 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #endif
     st->shift = zs.shift; st->sum = zs.sum; st->dsum = zs.dsum; st->max = zs.max;
     st->ref_shift = rs.shift; st->ref_sum = rs.sum; st->cross = cross; st->ref_max = rs.max;
+    if (rank && split > sstep) /* split's step, its lanes compared with thr: its ties before split */
+        count += LM_FN(ties_)(sstep < nv ? z + sstep : tz, split - sstep, t, sstep < nv ? ld : ldt);
     st->rank = count;
 }
 
@@ -736,10 +781,10 @@ LM_INLINE void LM_FN(segment_)(const LM_ELEM *z, const LM_ELEM *r, int64_t n,
 #define LM_SPEC_FN(f) LM_FN(LM_NAME3(spec, f, flags)) /* spec_3_flags_avx2_f32 */
 #define LM_SPEC(f)                                                             \
     LM_NOINLINE void LM_SPEC_FN(f)(const LM_ELEM *z, const LM_ELEM *r, int64_t n, double cap, \
-                                   double thr, const void *next, const void *next_ref,          \
-                                   lm_state *st) {                                              \
+                                   double thr, int64_t at, const void *next,                    \
+                                   const void *next_ref, lm_state *st) {                        \
         LM_FN(segment_)(z, r, n, (f) & LM_WANT_ENT, (f) & LM_WANT_AMAX, (f) & LM_WANT_REF, \
-                        (f) & LM_WANT_RANK, (f) & LM_WANT_CAP, cap, thr, next, next_ref, st); \
+                        (f) & LM_WANT_RANK, (f) & LM_WANT_CAP, cap, thr, at, next, next_ref, st); \
     }
 /* the flag sets, as numbers (names are made of them): 0, CAP (8), ENT |
  * AMAX (3), with CAP (11); the same with RANK (16, 24, 19, 27) and with
@@ -750,20 +795,20 @@ typedef char LM_FN(specs_flags_check)[LM_WANT_ENT == 1 && LM_WANT_AMAX == 2 && L
 LM_SPECS(LM_SPEC)
 /* any other flag set: the flags as values */
 LM_NOINLINE void LM_FN(spec_any)(const LM_ELEM *z, const LM_ELEM *r, int64_t n, int flags,
-                                 double cap, double thr, const void *next, const void *next_ref,
-                                 lm_state *st) {
+                                 double cap, double thr, int64_t at, const void *next,
+                                 const void *next_ref, lm_state *st) {
     LM_FN(segment_)(z, r, n, flags & LM_WANT_ENT, flags & LM_WANT_AMAX, flags & LM_WANT_REF,
-                    flags & LM_WANT_RANK, flags & LM_WANT_CAP, cap, thr, next, next_ref, st);
+                    flags & LM_WANT_RANK, flags & LM_WANT_CAP, cap, thr, at, next, next_ref, st);
 }
 static void LM_FN(segment)(const void *z, const void *r, int64_t n, int flags,
-                           double cap, double thr, const void *next, const void *next_ref,
-                           lm_state *st) {
+                           double cap, double thr, int64_t at, const void *next,
+                           const void *next_ref, lm_state *st) {
     const LM_ELEM *zz = (const LM_ELEM *)z, *rr = (const LM_ELEM *)r;
 #define LM_CASE(f)                                                             \
-    case f: LM_SPEC_FN(f)(zz, rr, n, cap, thr, next, next_ref, st); return;
+    case f: LM_SPEC_FN(f)(zz, rr, n, cap, thr, at, next, next_ref, st); return;
     switch (flags) {
         LM_SPECS(LM_CASE)
-    default: LM_FN(spec_any)(zz, rr, n, flags, cap, thr, next, next_ref, st);
+    default: LM_FN(spec_any)(zz, rr, n, flags, cap, thr, at, next, next_ref, st);
     }
 #undef LM_CASE
 }

@@ -205,8 +205,9 @@ static int lm_counted(const lm_job *j, int64_t i) {
 }
 
 /* The rank's threshold for row i: its target's logit as the kernel's
- * lanes hold it (capped by the same code) [README: rank]; +inf (nothing
- * counted) without rank or for a target out of range (an error later). */
+ * lanes hold it (capped by the same code) [README: rank]; +inf without
+ * rank or for a target out of range (an error later): nothing counted but
+ * +inf values, whose row takes the exact path. */
 static double lm_rank_threshold(const lm_ctx *x, int64_t i) {
     const lm_job *j = x->job;
     if (!j->rank || j->targets[i] < 0 || j->targets[i] >= j->n_cols) return INFINITY;
@@ -227,7 +228,9 @@ static void lm_segment(const lm_ctx *x, int64_t i, int64_t s, lm_state *st) {
         next = lm_row(x, &j->logits, i + 1);
         next_ref = r ? lm_row(x, &j->ref, i + 1) : NULL;
     }
-    x->fn(z, r, n, x->flags, j->softcap, lm_rank_threshold(x, i), next, next_ref, st);
+    /* the rank's threshold, and the target's index in the segment */
+    x->fn(z, r, n, x->flags, j->softcap, lm_rank_threshold(x, i), j->rank ? j->targets[i] - lo : 0, next,
+          next_ref, st);
 }
 
 /* scale factor of a side with shift m and sum s to a common shift to */
@@ -336,10 +339,14 @@ static int lm_row_exact(const lm_ctx *x, int64_t i) {
     /* the top token's log-probability: its share of the +inf entries, or
      * (m - m) - ls */
     if (j->top_logprob) j->top_logprob[i] = ez.ninf ? -log((double)ez.ninf) : -ez.ls;
-    if (j->rank) { /* the kernel's rule, value by value (lm_value_fn) */
-        const double thr = x->value(z, j->targets[i], j->softcap);
+    if (j->rank) { /* the kernel's rule, value by value (lm_value_fn): above, or tied before */
+        const int64_t t = j->targets[i];
+        const double thr = x->value(z, t, j->softcap);
         int64_t c = 0;
-        for (int64_t k = 0; k < j->n_cols; k++) c += x->value(z, k, j->softcap) > thr;
+        for (int64_t k = 0; k < j->n_cols; k++) {
+            const double v = x->value(z, k, j->softcap);
+            c += v > thr || (k < t && v == thr);
+        }
         j->rank[i] = c;
     }
     if (!r) return LM_OK;

@@ -39,7 +39,8 @@ typedef struct {
     double shift, sum, dsum, max;
     double ref_shift, ref_sum, cross, ref_max;
     int64_t argmax, ref_argmax; /* first index of the max; -1: none, or not asked */
-    int64_t rank;               /* values above the rank's threshold (LM_WANT_RANK) */
+    int64_t rank;               /* the rank's count (LM_WANT_RANK): values above the
+                                 * target's, and equal to it before it */
     int exact;                  /* +inf, maxima beyond the kernel's range, or a cross
                                  * term beyond float sums: the row takes the exact path */
     int nan;                    /* 1: NaN in the model's logits, 2: in the reference's */
@@ -100,10 +101,13 @@ static inline double lm_softcap(double x, double c) { return c * tanh(x / c); }
 enum { LM_WANT_ENT = 1, LM_WANT_AMAX = 2, LM_WANT_REF = 4, LM_WANT_CAP = 8, LM_WANT_RANK = 16 };
 
 /* A segment into *st; with LM_WANT_RANK, st->rank counts its (capped)
- * values above thr, a lane value (lm_value_fn) [README: rank]. */
+ * values that rank before the target's: those above thr, a lane value
+ * (lm_value_fn), and those equal to it at an index below at, the target's
+ * index in the segment (below 0 or from n on where the target lies in
+ * another segment) [README: rank]. */
 typedef void (*lm_segment_fn)(const void *z, const void *r, int64_t n, int flags,
-                              double cap, double thr, const void *next, const void *next_ref,
-                              lm_state *st);
+                              double cap, double thr, int64_t at, const void *next,
+                              const void *next_ref, lm_state *st);
 /* Element k of z as the segment kernel's lanes see it: converted to the
  * lane type and, with cap > 0, capped by the lanes' own softcap. */
 typedef double (*lm_value_fn)(const void *z, int64_t k, double cap);

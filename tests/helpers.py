@@ -97,6 +97,18 @@ def ref_entropy(z):
     return -(np.where(p > 0, p * lp, 0.0)).sum(-1)
 
 
+def ref_rank(z, t):
+    """The rank of target t[i] in row z[i] (z (rows, V), compared in float64
+    as given): its place from 0 in the row sorted by decreasing value, ties
+    broken by index as argmax breaks them, counted as the values above it
+    plus those equal to it at a lower index."""
+    zz = np.asarray(z).astype(np.float64)
+    tt = np.asarray(t).reshape(-1)
+    zt = zz[np.arange(tt.size), tt][:, None]
+    before = np.arange(zz.shape[-1])[None, :] < tt[:, None]
+    return np.count_nonzero((zz > zt) | ((zz == zt) & before), axis=-1).astype(np.int64)
+
+
 @np.errstate(invalid="ignore")
 def ref_kl(r, z):
     """KL(softmax(r) || softmax(z)) per row in float64."""

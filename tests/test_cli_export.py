@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from helpers import main_error, ref_entropy, ref_kl, ref_nll
+from helpers import main_error, ref_entropy, ref_kl, ref_nll, ref_rank
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def _expected(z, r, t, shift):
         z, r, t = z[:, :-1], r[:, :-1], t[:, 1:]
     seq, pos = np.nonzero(t >= 0)
     zz, rr, tt = z[seq, pos].astype(np.float64), r[seq, pos].astype(np.float64), t[seq, pos]
-    rank = (z[seq, pos] > z[seq, pos, tt][:, None]).sum(-1)  # compared in the logits' own float32
+    rank = ref_rank(z[seq, pos], tt)  # the logits' own float32 values, compared in float64
     return {"sequence": seq, "position": pos + (1 if shift else 0), "target": tt, "nll": ref_nll(zz, tt),
             "rank": rank, "entropy": ref_entropy(zz), "kl": ref_kl(rr, zz)}
 

@@ -401,6 +401,7 @@ def _tile_case(V=2000):
     t[0, ::4] = -100
     t[1, 5] = 7        # its target's logit is -inf: NLL inf
     t[1, 8] = 600      # a block's first column
+    t[0, 3] = 1500     # tied with the max at 100, in an earlier block: rank 1
     h[1, 11, 0] = 3e38  # overflows: +inf (and -inf) logits
     r = (h @ w.T + b) + torch.randn(2, 30, V, generator=g) * 0.3
     r[1, 11] = torch.randn(V, generator=g)
@@ -443,7 +444,7 @@ def test_lazy_vocabulary_blocks_read_the_device_once(dev, monkeypatch, with_ref)
     redo = events[n + 2:]
     assert redo and set(redo) <= {"tile", "cpu", "numpy"} and redo.count("numpy") == redo.count("cpu"), redo
     want = _engine.run((h @ w.T + b).numpy(), tn, r.numpy() if with_ref else None, **ask)
-    assert got.nll[30 + 5] == math.inf and got.argmax[3] == 100
+    assert got.nll[30 + 5] == math.inf and got.argmax[3] == 100 and got.rank[3] == 1
     _same_outputs(got, want)
     assert got.n_counted == want.n_counted
     c = tn.reshape(-1) >= 0

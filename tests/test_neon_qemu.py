@@ -4,7 +4,9 @@ float64 reference, on random rows, in every dtype; float64 in double lanes,
 with its edge rows, held to float64's 1e-13 contract). Skipped without the
 cross compiler and qemu (apt: gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 qemu-user-static), or outside the source tree. On an aarch64 host the whole
-suite runs the NEON path natively instead."""
+suite runs the NEON path natively instead. The same segment harness also
+runs natively on the x86 units the host has (AVX2, AVX-512), built with
+setup.py's flags for them (about 30 s each, mostly the build)."""
 import os
 import shutil
 import subprocess
@@ -52,3 +54,36 @@ def test_neon_driver_float64_under_qemu(tmp_path):
     output of float64 jobs (NLL, entropy, argmax, rank, top_logprob, KL,
     the totals; softcap or not) matches the portable path's within 1e-13."""
     _run_under_qemu(tmp_path, [DRIVER_HARNESS, C_DIR / "lm_driver.c"], ["-DLM_HAVE_NEON"])
+
+
+X86_FLAGS = {"avx2": ["-mavx2", "-mfma", "-mf16c"],
+             "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c", "-mpopcnt"]}
+HOST_CC = os.environ.get("CC", "gcc")
+
+
+@pytest.mark.parametrize("unit", sorted(X86_FLAGS))
+@pytest.mark.skipif(shutil.which(HOST_CC) is None, reason="no C compiler")
+@pytest.mark.skipif(not HARNESS.is_file() or not (C_DIR / "lm_isa_avx2.c").is_file(), reason="needs the source tree")
+def test_x86_segment_kernels_natively(tmp_path, unit):
+    """The same harness on this host's x86 units (built with setup.py's
+    flags for them, run where the CPU has them): every segment kernel
+    against the float64 reference and the portable unit, the rank's tie
+    rule on rows full of ties, targets in and out of the segment."""
+    from lmmetrics import _core
+
+    if not _core.isa_supported(unit):
+        pytest.skip(f"this CPU lacks {unit}")
+    exe = tmp_path / "harness"
+    base = [HOST_CC, "-O3", "-std=c99", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fno-wrapv",
+            "-Wall", "-I", str(C_DIR)]
+    objs = []
+    for src, flags in ((C_DIR / f"lm_isa_{unit}.c", X86_FLAGS[unit]), (C_DIR / "lm_isa_scalar.c", [])):
+        objs.append(tmp_path / (src.stem + ".o"))
+        res = subprocess.run(base + flags + ["-c", str(src), "-o", str(objs[-1])], capture_output=True, text=True)
+        assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    res = subprocess.run(base + [f"-DLM_TEST_UNIT=lm_unit_{unit}", f"-DLM_HAVE_{unit.upper()}", str(HARNESS),
+                                 *map(str, objs), "-lm", "-o", str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.startswith("ok"), res.stdout + res.stderr
+    assert "dtypes f32 f16 bf16 f64" in res.stdout, res.stdout

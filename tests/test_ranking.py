@@ -1,7 +1,8 @@
 """Rank, top-k accuracy, reciprocal rank, confidence and calibration
 (lmmetrics.ranking and the kernel's rank / top_logprob outputs) against
-numpy references written here: the rank as a count of z > z_t in float64
-over the values the kernel read, the ECE binned independently."""
+numpy references written here: the rank as the count of z > z_t plus
+z == z_t at a lower index in float64 over the values the kernel read (and
+as a place in numpy's stable sort), the ECE binned independently."""
 import math
 
 import numpy as np
@@ -21,6 +22,8 @@ def grid_logits(rng, shape, dtype, step=1 / 16, scale=3.0):
 
 
 def ref_rank(z, t, ignore_index=-100, cap=None):
+    """The values above the target's plus those equal to it at a lower index
+    (ties by index, as argmax), in float64; -1 where ignored."""
     zz = np.asarray(z).astype(np.float64).reshape(-1, np.shape(z)[-1])
     if cap:
         zz = np.tanh(zz / cap) * cap
@@ -28,8 +31,17 @@ def ref_rank(z, t, ignore_index=-100, cap=None):
     out = np.full(tt.shape, -1, np.int64)
     for i, k in enumerate(tt):
         if k >= 0 and k != ignore_index:
-            out[i] = np.count_nonzero(zz[i] > zz[i, k])
+            out[i] = np.count_nonzero(zz[i] > zz[i, k]) + np.count_nonzero(zz[i, :k] == zz[i, k])
     return out.reshape(np.shape(t))
+
+
+def sorted_place(z, t):
+    """The target's place in its row sorted by decreasing value, ties in
+    index order (numpy's stable sort): the rank by another road."""
+    zz = np.asarray(z).astype(np.float64).reshape(-1, np.shape(z)[-1])
+    tt = np.asarray(t).reshape(-1)
+    order = np.argsort(-zz, axis=-1, kind="stable")
+    return np.array([int(np.flatnonzero(order[i] == k)[0]) for i, k in enumerate(tt)], np.int64)
 
 
 def ref_top_logprob(z, cap=None):
@@ -60,9 +72,9 @@ def ref_calibration(conf, correct, bins):
 def _special_rows(rng, dtype):
     z = grid_logits(rng, (6, V), np.float32)
     t = rng.integers(0, V, 6)
-    z[0, :4] = z[0].max() + 1  # the target tied with the max: rank 0
+    z[0, :4] = z[0].max() + 1  # the target tied with the max, two ties before it: rank 2
     t[0] = 2
-    z[1, ::3] = -np.inf        # masked entries, the target among them
+    z[1, ::3] = -np.inf        # masked entries, the target among them (after the one at 0)
     t[1] = 3
     z[2] += 6e4                # a huge offset: maxima beyond the float exp's range (the exact path)
     t[3] = -100                # ignored
@@ -79,8 +91,11 @@ def test_rank_and_top_logprob_every_isa(isa, dtype, cap):
     t = rng.integers(0, V, (3, 7))
     t[0, ::3] = -100
     want_rank = ref_rank(z, t, cap=cap)
-    # ties at an exact grid value: counted strictly
-    assert (want_rank == 0).sum() < want_rank.size and (want_rank > 0).any()
+    # ties at an exact grid value, some before the target: ranked by index
+    zz = z.astype(np.float64).reshape(-1, V)
+    tt = t.reshape(-1)
+    tied_before = [k >= 0 and (zz[i, :k] == zz[i, k]).any() for i, k in enumerate(tt)]
+    assert sum(tied_before) > 5 and (want_rank == 0).sum() < want_rank.size and (want_rank > 0).any()
     np.testing.assert_array_equal(lmmetrics.token_rank(z, t, softcap=cap), want_rank)
     res = _engine.run(z, t, softcap=cap, nll=True, entropy=True, argmax=True, rank=True, top_logprob=True)
     np.testing.assert_array_equal(res.rank.reshape(t.shape), want_rank)
@@ -101,13 +116,90 @@ def test_special_rows(isa, dtype):
     got = _engine.run(z, t, rank=True, top_logprob=True, argmax=True)
     want = ref_rank(z, t)
     np.testing.assert_array_equal(got.rank, want)
-    assert got.rank[0] == 0 and got.rank[3] == -1 and got.rank[5] == 0
+    assert got.rank[0] == 2 and got.rank[3] == -1 and got.rank[5] == t[5]  # all tied: its index
+    assert got.rank[1] == np.count_nonzero(z[1] > -np.inf) + 1  # -inf: the finite ones, the -inf at 0
     assert got.rank[4] >= 1  # the +inf entry is above a finite target
+    assert got.argmax[0] == 0 and got.argmax[5] == 0
     finite = [0, 1, 2, 5]
     tol = 1e-13 if dtype == np.float64 else 2e-6
     np.testing.assert_allclose(got.top_logprob[finite], ref_top_logprob(z[finite]), atol=tol)
     assert got.top_logprob[4] == 0.0 and got.top_logprob[3] == 0.0  # one +inf: all the mass; ignored: 0
     assert got.top_logprob[5] == pytest.approx(-math.log(V), abs=tol)
+
+
+def tied_logits(rng, shape, dtype):
+    """Logits full of ties: bfloat16's own rounding of N(0, 3) (about 300
+    distinct values in a row of 32000), or for the other dtypes values on a
+    grid of 1/8; and in each row a run of copies of its max."""
+    if dtype == BF16:
+        z = (rng.standard_normal(shape) * 3).astype(BF16)
+    else:
+        z = grid_logits(rng, shape, dtype, step=1 / 8)
+    flat = z.reshape(-1, shape[-1])
+    for i in range(flat.shape[0]):
+        at = rng.integers(0, shape[-1], 5)
+        flat[i, at] = flat[i].max()
+    return z
+
+
+def tied_targets(rng, z):
+    """Per row: a random target, or one tied with the row's max (the first
+    copy or a later one), or one at a step's edge (31, 32, 33, 63, 64)."""
+    flat = z.reshape(-1, z.shape[-1]).astype(np.float64)
+    t = rng.integers(0, z.shape[-1], flat.shape[0])
+    for i in range(flat.shape[0]):
+        tops = np.flatnonzero(flat[i] == flat[i].max())
+        t[i] = [t[i], tops[0], tops[-1], rng.choice(tops), [31, 32, 33, 63, 64][i % 5]][i % 5]
+    return t.reshape(z.shape[:-1])
+
+
+TIE_DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)] + (
+    [BF16] if BF16 is not None else [])
+
+
+@pytest.mark.parametrize("dtype", TIE_DTYPES, ids=str)
+def test_ties_are_ranked_by_index_on_every_isa(isa, dtype):
+    """Ties are broken by index, as the first argmax: the rank is the
+    float64 count (and the place in numpy's stable sort), 0 exactly where
+    the argmax is the target, and top-1 accuracy is evaluate's accuracy;
+    the same for 1 to 3 threads, and for one long row cut into segments
+    (ties across them, targets at their edges)."""
+    rng = np.random.default_rng(11)
+    z = tied_logits(rng, (24, 32000), dtype)
+    t = tied_targets(rng, z)
+    want = ref_rank(z, t)
+    np.testing.assert_array_equal(want, sorted_place(z, t))
+    assert (want == 0).sum() >= 6 and (want[1::5] == 0).all() and (want[2::5] > 0).all()
+    argmax = np.argmax(z.astype(np.float64), -1)
+    for threads in (1, 2, 3):
+        got = lmmetrics.token_rank(z, t, num_threads=threads)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got == 0, argmax == t)
+        m = lmmetrics.evaluate(z, t, top_k=(1, 5), num_threads=threads)
+        assert m.top_k_accuracy[1] == m.accuracy == lmmetrics.top_k_accuracy(z, t, k=1) == np.mean(argmax == t)
+        assert m.top_k_accuracy[5] == np.mean(want < 5)
+        assert m.mean_reciprocal_rank == pytest.approx(np.mean(1 / (want + 1.0)), rel=1e-15)
+    # one long row: segments of 32768 (and two halves of a 40000 row)
+    for n in (40000, 70000):
+        row = tied_logits(rng, (1, n), dtype)
+        row[0, [5, 32767, 32768, 32769, n - 1]] = row[0].max()
+        targets = [5, 32767, 32768, 32769, n - 1, 0, 20000, 32766, 65536 % n, 65537 % n]
+        got = [int(lmmetrics.token_rank(row, np.array([k]), num_threads=2)[0]) for k in targets]
+        assert got == [int(r) for r in ref_rank(np.repeat(row, len(targets), 0), np.array(targets))]
+        assert got[:5] == sorted(got[:5]) and got[0] == int((row[0, :5] == row[0].max()).sum())
+
+
+def test_ranks_of_targets_at_minus_inf(isa):
+    """A target at -inf ranks after every finite value and after the -inf
+    values before it (on the vector steps, their tail and the exact path)."""
+    rng = np.random.default_rng(12)
+    for n in (3, 40, 1000, 40000):
+        z = grid_logits(rng, (4, n), np.float32)
+        z[:, ::3] = -np.inf
+        t = np.array([0, 3 * (n // 6), 3 * ((n - 1) // 3), 3 * ((n - 1) // 3)])
+        z[3, 1] = np.inf  # +inf: the exact path
+        np.testing.assert_array_equal(lmmetrics.token_rank(z, t), ref_rank(z, t))
+        np.testing.assert_array_equal(lmmetrics.token_rank(z[:1], t[:1]), ref_rank(z[:1], t[:1]))
 
 
 def test_threads_give_the_same_ranks():
@@ -259,15 +351,54 @@ def test_torch_cpu_tensors_and_the_cuda_path(monkeypatch, dtype):
         monkeypatch.undo()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_ties_on_the_cuda_path_and_against_torchmetrics(monkeypatch, dtype):
+    """Logits full of ties (bfloat16's own, V = 32000): the rank ties by
+    index on the native core (CPU tensors) and on the CUDA path (routed
+    here), and top-1 accuracy is accuracy, which torchmetrics'
+    multiclass_accuracy(top_k=1) gives too."""
+    tm = pytest.importorskip("torchmetrics.functional.classification")
+    rng = np.random.default_rng(13)
+    if dtype == torch.bfloat16:  # bfloat16's own rounding, each row's max copied to 5 places
+        z = torch.from_numpy(rng.standard_normal((2, 20, 32000)).astype(np.float32) * 3).to(dtype)
+        for row in z.view(-1, 32000):
+            row[torch.from_numpy(rng.integers(0, 32000, 5))] = row.max()
+    else:
+        z = torch.from_numpy(tied_logits(rng, (2, 20, 32000), np.dtype(np.float32))).to(dtype)
+    t = torch.from_numpy(tied_targets(rng, z.float().numpy()))
+    t[1, ::4] = -100
+    zn, tn = z.double().numpy(), t.numpy()
+    want = ref_rank(zn, tn)
+    counted = tn >= 0
+    flat = torch.from_numpy(zn[counted])
+    acc_tm = tm.multiclass_accuracy(flat, torch.from_numpy(tn[counted]), num_classes=32000, top_k=1,
+                                    average="micro").item()
+    assert acc_tm == pytest.approx(np.mean(want[counted] == 0), abs=1e-7)
+    assert 0 < np.mean(want[counted] == 0) < np.mean(want[counted] <= 3)  # ties decided: not all hits
+    for routed in (False, True):
+        calls = _routed(monkeypatch) if routed else None
+        got = lmmetrics.token_rank(z, t)
+        np.testing.assert_array_equal(got.numpy(), want)
+        m = lmmetrics.evaluate(z, t, top_k=(1, 3))
+        assert m.top_k_accuracy[1] == m.accuracy == lmmetrics.top_k_accuracy(z, t, k=1)
+        assert m.accuracy == pytest.approx(acc_tm, abs=1e-7)
+        assert m.top_k_accuracy[3] == np.mean(want[counted] < 3)
+        if routed:
+            assert calls
+            monkeypatch.undo()
+
+
 @pytest.mark.parametrize("where", ["numpy", "torch"])
 def test_lazy_logits_tiles(where):
     rng = np.random.default_rng(8)
     h = rng.standard_normal((2, 7, 8)).astype(np.float32)
     w = np.round(rng.standard_normal((V, 8)) * 4) / 4
     w = w.astype(np.float32)
-    w[5] = w[6]                                   # two tied columns
+    w[5] = w[6] = w[1000]                         # three tied columns, the last in another block
     ids = rng.integers(0, V, (2, 7))
     ids[0, 2] = 5
+    ids[0, 3] = 6
+    ids[1, 0] = 1000
     ids[1, 4] = -100
     zfull = h @ w.T
     if where == "torch":

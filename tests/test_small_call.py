@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import ISAS, ref_entropy, ref_kl, ref_nll
+from helpers import ISAS, ref_entropy, ref_kl, ref_nll, ref_rank
 
 import lmmetrics
 from lmmetrics import _core, _engine
@@ -139,12 +139,15 @@ def test_one_long_row_cut_in_two_halves(isa, dtype, V):
         assert lmmetrics.token_entropy(x, num_threads=2)[0] == pytest.approx(ref_entropy(x)[0], rel=2e-6)
         assert lmmetrics.token_kl(x, reference_logits=r, num_threads=2)[0] == pytest.approx(
             ref_kl(r, x)[0], rel=1e-5)
-        assert lmmetrics.token_rank(x, t, num_threads=2)[0] == int((x[0] > x[0, t[0]]).sum())
+        assert lmmetrics.token_rank(x, t, num_threads=2)[0] == ref_rank(x[:1], t[:1])[0]
         assert runs[0].accuracy == 0.0
         tie = x.copy()
         tie[0, 10] = 9                         # the same max in the first half: the first index wins
-        got = lmmetrics.evaluate(tie, np.array([10]), num_threads=2)
-        assert got.accuracy == 1.0
+        got = lmmetrics.evaluate(tie, np.array([10]), num_threads=2, top_k=1)
+        assert got.accuracy == got.top_k_accuracy[1] == 1.0
+        # the rank breaks the tie across the halves as the argmax does
+        assert [lmmetrics.token_rank(tie, np.array([k]), num_threads=2)[0] for k in (10, hi)] == [0, 1]
+        assert lmmetrics.evaluate(tie, np.array([hi]), num_threads=2, top_k=1).top_k_accuracy[1] == 0.0
         assert lmmetrics.evaluate(x, np.array([hi]), num_threads=2).accuracy == 1.0
     finally:
         _core.set_isa(prev)

@@ -11,13 +11,15 @@ logit, the tile's targets, plus that logit), the entropy is the mixture's, the K
 each block's by the reference's share, the argmax is the first of the
 largest, the top token's log-probability the largest of the blocks' (each
 moved by its block's share of the mass), and the rank (the logits above
-the target's) the sum of the blocks' counts against the target's logit,
-which a first look at each row's target block gives (the block's own value
-where the target lies in it). A block where a row is all -inf (a -inf bias
-masking padded vocabulary entries) holds none of that row's mass and adds
-nothing to it. Rows the blocks cannot certify (+inf logits, every block
--inf: an error) are done again whole, one at a time. Ignored rows are never
-projected.
+the target's, and those tied with it at a lower index) the sum of the
+blocks' counts against the target's logit, which a first look at each
+row's target block gives (the block's own value where the target lies in
+it): a block before the target's counts its values >= it, a block after
+it those above it, the target's own block splits at the target. A block
+where a row is all -inf (a -inf bias masking padded vocabulary entries)
+holds none of that row's mass and adds nothing to it. Rows the blocks
+cannot certify (+inf logits, every block -inf: an error) are done again
+whole, one at a time. Ignored rows are never projected.
 
 On a CUDA device, chunks of whole rows go through the CUDA pass without
 waiting for it (:func:`lmmetrics._cuda.launch`); their per-row results stay
@@ -304,7 +306,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             _set(zt, inb, _at(z, inb, t[inb] - j, dev))
         if want_rank:  # the target's own block: its own value
             _set(thr, inb, zt[_index(inb, dev)])
-            above += _count_above(z, thr)
+            above += _count_before(z, thr, _need_targets(t) - j)
         if ref:
             with np.errstate(invalid="ignore"):
                 blocks["rlse"].append(xp.where(rnone, -math.inf, floats("ref_nll") + rmax))
@@ -501,19 +503,29 @@ def _target_logits(logits: Any, sel: I64Array, t: I64Array, lead: Tuple[int, ...
     return zt
 
 
-def _count_above(z: Any, thr: Any) -> Any:
-    """Per row of the tile z, its values above thr (compared as the tile
-    holds them: exact against a float64 threshold). A threshold on the
-    device (a CUDA tile's) gives the counts there; else int64 numpy."""
+def _count_before(z: Any, thr: Any, at: I64Array) -> Any:
+    """Per row of the tile z, its values that rank before the target's, thr,
+    at column at of the tile (below 0 or past the tile where the target lies
+    in another block): those above thr, and those equal to it at a column
+    below at (the rank's rule, the first argmax's order, on the whole row's
+    indices). Compared as the tile holds them: exact against a float64
+    threshold. A threshold on the device (a CUDA tile's) gives the counts
+    there; else int64 numpy."""
     if is_torch(z):
         import torch
 
-        if isinstance(thr, torch.Tensor):
-            return (z > thr[:, None]).sum(1)
-        above = (z > torch.from_numpy(thr).to(z.device)[:, None]).sum(1)
-        counts: I64Array = above.cpu().numpy().astype(np.int64)
+        on_device = isinstance(thr, torch.Tensor)
+        th = (thr if on_device else torch.from_numpy(thr).to(z.device))[:, None]
+        hit = z == th  # in place from here: three bytes a logit at most
+        hit &= torch.arange(z.shape[1], device=z.device)[None, :] < to_device(at, z.device)[:, None]
+        hit |= z > th
+        if on_device:
+            return hit.sum(1)
+        counts: I64Array = hit.sum(1).cpu().numpy().astype(np.int64)
         return counts
-    counts = np.count_nonzero(z > thr[:, None], axis=1).astype(np.int64)
+    th = thr[:, None]
+    before = np.arange(z.shape[1])[None, :] < at[:, None]
+    counts = np.count_nonzero((z > th) | ((z == th) & before), axis=1).astype(np.int64)
     return counts
 
 

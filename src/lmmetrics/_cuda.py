@@ -11,7 +11,8 @@ pass ends (:func:`settle`), where the sums are taken in float64. A chunk
 where a counted row's value is not finite is done again, after that
 transfer, by the exact path (logsumexp per side, in float64). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
-the rank counts the logits above the target's (compared as torch holds them:
+the rank counts the logits above the target's and those tied with it at a
+lower index, so that rank 0 is the first argmax (compared as torch holds them:
 the logits' own dtype, or the capped values in float32 / float64 with a
 softcap, ``torch.tanh``: within a few ulps of the core's capped values, so
 a near-tie may count differently), the top token's log-probability is the
@@ -295,9 +296,17 @@ def _put(res: torch.Tensor, counted: torch.Tensor, name: str, values: torch.Tens
 
 
 def _rank(z: torch.Tensor, safe: torch.Tensor) -> torch.Tensor:
-    """Per row the number of values of z above the target's (z as given:
-    the capped logits, or the logits in their own dtype)."""
-    return (z > z.gather(1, safe)).sum(1)
+    """Per row the number of values of z that rank before the target's:
+    those above it, and those equal to it at a lower index (the first
+    argmax's order: rank 0 exactly where ``torch.argmax`` is the target).
+    z as given: the capped logits, or the logits in their own dtype."""
+    import torch
+
+    zt = z.gather(1, safe)
+    counted = z == zt  # in place from here: three bytes a logit at most
+    counted &= torch.arange(z.shape[1], device=z.device)[None, :] < safe
+    counted |= z > zt
+    return counted.sum(1)
 
 
 def _safe_targets(tgt: Optional[torch.Tensor], counted: torch.Tensor) -> Optional[torch.Tensor]:

@@ -35,7 +35,8 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     """One read of the logits (and reference logits) computing what is asked.
 
     ``rank`` (needs targets): per row the number of logits above the
-    target's (int64, -1 where ignored); ``top_logprob``: the top token's
+    target's, plus those equal to it at a lower index (int64, -1 where
+    ignored; 0 exactly where the first argmax is the target); ``top_logprob``: the top token's
     log-probability, max - logsumexp (0.0 where ignored). Neither costs
     anything when not asked.
 

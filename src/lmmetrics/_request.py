@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 #: every per-row output a pass can compute, in one order (the native core's
 #: outputs tuple takes them in this order)
-#: (rank: the number of logits above the target's; top_logprob: the top
+#: (rank: the number of logits above the target's, plus those equal to it
+#: at a lower index (0 exactly at the first argmax); top_logprob: the top
 #: token's log-probability, max - logsumexp)
 OUTPUTS: Tuple[str, ...] = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "rank", "top_logprob")
 #: the integer ones (-1 where a row is not counted; the others 0)

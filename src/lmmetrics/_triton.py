@@ -24,7 +24,7 @@ into the pass's buffer on the device (:data:`lmmetrics._cuda.N_RESULTS`
 values a row), which :mod:`lmmetrics._cuda` brings to the host once when the
 pass ends: no launch waits for the device. float64 logits keep the
 torch path, and so does a request for the rank (the logits above the
-target's: :func:`usable` says no; the top token's log-probability, -log S
+target's and those tied with it before it: :func:`usable` says no; the top token's log-probability, -log S
 against the row's max, comes from the merge).
 """
 from __future__ import annotations

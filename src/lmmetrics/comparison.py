@@ -118,7 +118,7 @@ class Comparison:
     top_k_agreement : Estimate or None
         Fraction of tokens whose reference top-1 token is among the model's
         top k (its rank in the model's logits, the number of logits above
-        it, is below k).
+        it plus those equal to it at a lower index, is below k).
     """
 
     tokens: int

@@ -104,7 +104,9 @@ class Metrics:
         lm-eval's per-document aggregations.
     top_k_accuracy : dict
         With ``top_k``: for each k, the share of counted tokens whose rank
-        (the number of logits above the target's) is below k; in
+        (the number of logits above the target's, plus those equal to it at
+        a lower index: ties go to the lowest index, so ``top_k_accuracy[1]``
+        equals ``accuracy``) is below k; in
         :meth:`as_dict` as ``top_<k>_accuracy``.
     mean_reciprocal_rank : float or None
         With ``top_k``: the mean of ``1 / (rank + 1)``.
@@ -300,7 +302,8 @@ class Evaluator:
         ``entropy`` are then nan.
     top_k : int, sequence of int or None, default None
         Also count each target's rank (the number of logits above its own,
-        one compare per logit in the same pass): ``top_k_accuracy`` for each
+        plus those equal to it at a lower index, one compare per logit in
+        the same pass; see ``lmmetrics.token_rank``): ``top_k_accuracy`` for each
         k (each in [1, V]) and ``mean_reciprocal_rank``. None: no rank, no
         cost.
     calibration_bins : int or None, default None

@@ -1,8 +1,13 @@
 """Where the target ranks, and how well the model's confidence is calibrated.
 
-The rank of a target is the number of logits in its row strictly greater
-than the target's (0 for the top token, and for a target tied with the
-max), counted by the native kernel in the same read that gives the NLL.
+The rank of a target is the number of logits in its row that come before
+it when the row is sorted by decreasing logit, ties broken by index (the
+lower index first, as ``argmax`` breaks them): the logits greater than the
+target's, plus those equal to it at a lower index. So rank 0 is exactly
+the first argmax, top-1 accuracy is the accuracy of ``evaluate`` (and
+torchmetrics' ``multiclass_accuracy(top_k=1)``), and a target tied with the
+max ranks after the tied tokens before it. The native kernel counts it in
+the same read that gives the NLL.
 The confidence of a position is the top token's probability,
 ``exp(max - logsumexp)``. Calibration sets the confidence against whether
 the first argmax is the target (the kernel's first-argmax rule), in
@@ -54,11 +59,14 @@ def token_rank(logits: Any, targets: Any, **options: Unpack[NllOptions]) -> Unio
 
 def token_rank(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
                softcap: Optional[float] = None, num_threads: Optional[int] = None) -> Union[I64Array, torch.Tensor]:
-    """The rank of each target: how many logits of its row are greater.
+    """The rank of each target: how many logits of its row come before it.
 
-    0 for the top token and for a target tied with the max; ties never add.
-    With a softcap the capped logits are compared, as the kernel holds them
-    (float lanes for 16- and 32-bit logits, double for float64).
+    Those greater than the target's logit, and those equal to it at a lower
+    index: ties are broken by index like ``argmax``, so the rank is 0
+    exactly where the first argmax is the target, and equal logits take
+    distinct ranks in index order. With a softcap the capped logits are
+    compared, as the kernel holds them (float lanes for 16- and 32-bit
+    logits, double for float64).
 
     Parameters
     ----------
@@ -95,10 +103,12 @@ def token_rank(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
     --------
     >>> import numpy as np, lmmetrics
     >>> logits = np.array([[2.0, 1.0, 3.0], [0.0, 5.0, 5.0]], np.float32)
-    >>> lmmetrics.token_rank(logits, np.array([0, 2]))
+    >>> lmmetrics.token_rank(logits, np.array([0, 1]))
     array([1, 0])
     >>> lmmetrics.token_rank(logits, np.array([1, -100]))
     array([ 2, -1])
+    >>> lmmetrics.token_rank(logits[[1, 1]], np.array([1, 2]))   # a tie: the lower index first
+    array([0, 1])
     """
     res = _ranks(logits, targets, ignore_index, shift, softcap, num_threads)
     return as_output(res.indices("rank").reshape(res.lead_shape), res)
@@ -109,8 +119,10 @@ def top_k_accuracy(logits: Any, targets: Any, k: int = 5, *, ignore_index: Optio
                    num_threads: Optional[int] = None) -> float:
     """The share of counted targets among the ``k`` largest logits (rank < k).
 
-    A target tied with the k-th largest logit counts as within the top k
-    (its rank counts only strictly greater logits).
+    Ties are broken by index, as in ``token_rank``: the top k are the
+    first k of the row sorted by decreasing logit, the lower index first
+    among equal logits, so ``k=1`` gives the accuracy of
+    ``lmmetrics.evaluate`` (the first argmax is the target).
 
     Parameters
     ----------

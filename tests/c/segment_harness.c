@@ -162,19 +162,25 @@ static void check_state(const char *unit, const lm_state *st, const ref_t *ref, 
     }
 }
 
-/* The rank's count (LM_WANT_RANK, with the flag set's cap) of values
- * above a threshold, for targets at the middle, the first argmax (rank 0)
- * and the end: the threshold the driver takes (the unit's lane value of
- * the target, lm_value_fn) and the count of lane values above it. vals
- * (n doubles) is scratch. Without a cap the lane values are the stored
- * ones (the dtype's own order); float64's, with a cap, libm's tanh. */
+/* The rank's count (LM_WANT_RANK, with the flag set's cap): the values
+ * above the target's and those equal to it before it (the argmax's order:
+ * rank 0 exactly at the first argmax), for targets at both ends, the
+ * middle, the first and the last argmax, the first -inf, and the elements
+ * around the first steps' edges; each also as a segment of a longer row
+ * whose target lies before it (at < 0: the values above count) or after it
+ * (at >= n: the values >= the target's count). The threshold is the one
+ * the driver takes (the unit's lane value of the target, lm_value_fn).
+ * vals (n doubles) is scratch. Without a cap the lane values are the
+ * stored ones (the dtype's own order); float64's, with a cap, libm's tanh. */
 static void check_rank(const lm_unit *unit, const void *zb, int dtype, int64_t n, int flags, double cap,
                        double *vals) {
-    int64_t targets[3] = {n / 2, 0, n - 1};
+    int64_t targets[48], nt = 0, first = 0, last = 0, neginf = -1;
     for (int64_t k = 0; k < n; k++) {
         double stored = lm_load1(zb, dtype, k);
         vals[k] = unit->values[dtype](zb, k, cap);
-        if (vals[k] > vals[targets[1]]) targets[1] = k;
+        if (vals[k] > vals[first]) first = k;
+        if (vals[k] >= vals[last]) last = k;
+        if (neginf < 0 && vals[k] == -INFINITY) neginf = k;
         if (cap <= 0)
             expect(vals[k] == stored || (isnan(vals[k]) && isnan(stored)), "lane value", "unit", dtype, n, flags,
                    vals[k], stored);
@@ -182,15 +188,26 @@ static void check_rank(const lm_unit *unit, const void *zb, int dtype, int64_t n
             expect(vals[k] == lm_softcap(stored, cap) || isnan(stored) || stored == -INFINITY, "lane value (cap)",
                    "unit", dtype, n, flags, vals[k], lm_softcap(stored, cap));
     }
-    for (int t = 0; t < 3; t++) {
-        lm_state sr;
-        double thr = vals[targets[t]];
-        int64_t want = 0;
-        for (int64_t k = 0; k < n; k++) want += vals[k] > thr;
-        unit->kernels[dtype](zb, NULL, n, flags | LM_WANT_RANK, cap, thr, NULL, NULL, &sr);
-        if (!sr.exact)
+    targets[nt++] = n / 2;
+    targets[nt++] = first;
+    targets[nt++] = last;
+    targets[nt++] = n - 1;
+    if (neginf >= 0) targets[nt++] = neginf;
+    for (int64_t k = 0; k < 70 && nt < 48; k += (k % 8 == 0 || k % 8 == 7) ? 1 : 6)
+        if (k < n) targets[nt++] = k; /* 0, 1, 7, 8, 9, 15, 16, 17, ...: each side of a step's edge */
+    for (int64_t ti = 0; ti < nt; ti++) {
+        const double thr = vals[targets[ti]];
+        const int64_t ats[3] = {targets[ti], -1 - targets[ti], n + targets[ti]};
+        for (int a = 0; a < 3; a++) {
+            lm_state sr;
+            int64_t want = 0;
+            for (int64_t k = 0; k < n; k++) want += vals[k] > thr || (k < ats[a] && vals[k] == thr);
+            unit->kernels[dtype](zb, NULL, n, flags | LM_WANT_RANK, cap, thr, ats[a], NULL, NULL, &sr);
+            if (sr.exact) continue;
             expect(sr.rank == want, "rank", "unit", dtype, n, flags | LM_WANT_RANK, (double)sr.rank, (double)want);
-        if (t == 1 && !sr.exact) expect(sr.rank == 0, "rank of the max", "unit", dtype, n, flags, (double)sr.rank, 0);
+            if (a == 0 && targets[ti] == first)
+                expect(sr.rank == 0, "rank of the first argmax", "unit", dtype, n, flags, (double)sr.rank, 0);
+        }
     }
 }
 
@@ -237,8 +254,8 @@ static void check_edges_f64(const lm_unit *unit, void *zb, void *rb, double *z, 
                 const int ref = (flags & LM_WANT_REF) != 0;
                 const double cap = (flags & LM_WANT_CAP) ? 30.0 : 0.0;
                 lm_state st, sc;
-                unit->kernels[LM_F64](zb, ref ? rb : NULL, n, flags, cap, INFINITY, zb, ref ? rb : NULL, &st);
-                lm_unit_scalar.kernels[LM_F64](zb, ref ? rb : NULL, n, flags, cap, INFINITY, NULL, NULL, &sc);
+                unit->kernels[LM_F64](zb, ref ? rb : NULL, n, flags, cap, INFINITY, 0, zb, ref ? rb : NULL, &st);
+                lm_unit_scalar.kernels[LM_F64](zb, ref ? rb : NULL, n, flags, cap, INFINITY, 0, NULL, NULL, &sc);
                 expect(st.exact == sc.exact, "exact path as the scalar unit", "edge", LM_F64, n, flags * 100 + kind,
                        st.exact, sc.exact);
                 expect(!st.nan, "nan flag", "edge", LM_F64, n, flags * 100 + kind, st.nan, 0);
@@ -292,7 +309,7 @@ static void check_edges_f64(const lm_unit *unit, void *zb, void *rb, double *z, 
                         put(zb, LM_F64, i, side == 0 && i == pos ? NAN : rng_normal());
                         put(rb, LM_F64, i, side == 1 && i == pos ? NAN : rng_normal());
                     }
-                    unit->kernels[LM_F64](zb, ref ? rb : NULL, n, flags, cap, INFINITY, NULL, NULL, &st);
+                    unit->kernels[LM_F64](zb, ref ? rb : NULL, n, flags, cap, INFINITY, 0, NULL, NULL, &st);
                     expect(st.exact || (st.nan & (side ? 2 : 1)), "NaN reported", "edge", LM_F64, n,
                            flags * 100 + side, st.nan, side ? 2 : 1);
                 }
@@ -319,15 +336,17 @@ int main(void) {
         int dtype = dtypes[di];
         if (!unit->kernels[dtype]) continue;
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
-            for (int kind = 0; kind < 4; kind++) {
+            for (int kind = 0; kind < 5; kind++) {
                 int64_t n = lens[li];
                 /* 0: N(0, 3); 1: offset by +40 with a few -inf; 2: one large
-                 * value (a near one-hot row); 3: N(0, 8) offset -20 */
+                 * value (a near one-hot row); 3: N(0, 8) offset -20; 4:
+                 * ties: N(0, 3) rounded to a half, a few -inf */
                 for (int64_t i = 0; i < n; i++) {
                     double x = kind == 3 ? rng_normal() * 8 - 20 : rng_normal() * 3 + (kind == 1 ? 40 : 0);
                     double y = kind == 3 ? rng_normal() * 8 - 20 : rng_normal() * 3 + (kind == 1 ? 40 : 0);
-                    if (kind == 1 && n > 1 && rng_u64() % 8 == 0) x = -INFINITY;
+                    if ((kind == 1 || kind == 4) && n > 1 && rng_u64() % 8 == 0) x = -INFINITY;
                     if (kind == 2 && i == (int64_t)(rng_u64() % (uint64_t)n)) x = 25;
+                    if (kind == 4 && isfinite(x)) x = floor(x * 2) / 2;
                     z[i] = put(zb, dtype, i, x);
                     r[i] = put(rb, dtype, i, y);
                 }
@@ -337,10 +356,10 @@ int main(void) {
                     ref_t ref = reference(z, (flags & LM_WANT_REF) ? r : NULL, n, cap);
                     lm_state st, sc;
                     /* where the data goes on (prefetched, never read): any address */
-                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, INFINITY, zb,
+                    unit->kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap, INFINITY, 0, zb,
                                          (flags & LM_WANT_REF) ? rb : NULL, &st);
                     lm_unit_scalar.kernels[dtype](zb, (flags & LM_WANT_REF) ? rb : NULL, n, flags, cap,
-                                                  INFINITY, NULL, NULL, &sc);
+                                                  INFINITY, 0, NULL, NULL, &sc);
                     if (!(flags & LM_WANT_REF)) check_rank(unit, zb, dtype, n, flags, cap, vals);
                     check_state("unit", &st, &ref, dtype, n, flags, cap);
                     check_state("scalar", &sc, &ref, dtype, n, flags, cap);
@@ -370,7 +389,7 @@ int main(void) {
             int64_t n = 37;
             lm_state st;
             for (int64_t i = 0; i < n; i++) put(zb, dtype, i, i == pos ? NAN : rng_normal());
-            unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, INFINITY, NULL, NULL, &st);
+            unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, INFINITY, 0, NULL, NULL, &st);
             expect(st.nan || st.exact, "NaN found", "unit", dtype, n, pos, st.nan, 1);
         }
     }
