@@ -11,7 +11,7 @@ import pytest
 
 import lmmetrics
 from lmmetrics import _core
-from lmmetrics._bench_cpu import read_pass as fastest_read
+from lmmetrics.cli.bench.cpu import read_pass as fastest_read
 from _bench import _logits, _run, workload
 
 N, V = 2048, 128256

@@ -245,14 +245,15 @@ def test_bench_lazy_on_a_device(monkeypatch):
     every variant's row, the losses checked (status 1 when a lazy loss is
     wrong); without a GPU the command is a one-line error."""
     torch = pytest.importorskip("torch")
-    from lmmetrics import _bench_lazy, _cuda, _engine, _inputs
+    from lmmetrics.cli.bench import lazy as _bench_lazy
+    from lmmetrics._engine import cuda as _cuda, inputs as _inputs
+    from lmmetrics import _engine
 
     if not torch.cuda.is_available():
         _assert_one_line_exit_2(run("bench", "--lazy", "--device", "cuda", ok=False), "sees no CUDA device")
     routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
     launch, calls = _cuda.launch, []
     monkeypatch.setattr(_cuda, "launch", lambda *a: calls.append(1) or launch(*a))
-    monkeypatch.setattr(_engine, "is_cuda", routed)
     monkeypatch.setattr(_inputs, "is_cuda", routed)
     lines = []
     assert _bench_lazy.bench_lazy_device("cpu", 48, 32, 700, "float32", 1, lines.append) == 0
@@ -308,8 +309,8 @@ def test_bench_cuda_without_triton_raises_input_error(monkeypatch):
     SystemExit or a traceback. (On a CPU device, which only the interpreted
     tests use, since the CLI checks for a CUDA device first.)"""
     pytest.importorskip("torch")
-    from lmmetrics._bench_cuda import bench_cuda
-    from lmmetrics._errors import InputError
+    from lmmetrics.cli.bench.cuda import bench_cuda
+    from lmmetrics.cli.errors import InputError
 
     monkeypatch.setitem(sys.modules, "triton", None)
     with pytest.raises(InputError, match="needs triton"):

@@ -106,7 +106,7 @@ def _png_size(path):
 
 def test_plot_is_a_png_of_the_documented_size(data, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from lmmetrics._plot import SIZE
+    from lmmetrics.cli.plot import SIZE
     from lmmetrics.cli import main
 
     d, z, r, t = data
@@ -162,7 +162,7 @@ def test_no_counted_position_gives_empty_outputs(tmp_path, capsys, shape, shift)
     dtypes of a full one in each format, and both panels of the plot drawn
     empty."""
     pytest.importorskip("matplotlib")
-    from lmmetrics._plot import SIZE
+    from lmmetrics.cli.plot import SIZE
     from lmmetrics.cli import main
 
     z = np.zeros(shape, np.float32)

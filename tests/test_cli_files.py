@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _files
+from lmmetrics.cli import files as _files
 
 SCRIPT = shutil.which("lmmetrics", path=os.path.dirname(sys.executable)) or shutil.which("lmmetrics")
 CMD = [SCRIPT] if SCRIPT else [sys.executable, "-m", "lmmetrics"]

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _chunked, _cuda, _engine, _inputs, _request
+from lmmetrics._engine import chunked as _chunked, cuda as _cuda, inputs as _inputs, request as _request
+from lmmetrics._engine.cuda import layout, torch_path
+from lmmetrics import _engine
 from helpers import HostReads, ref_entropy, ref_kl, ref_nll
 
 torch = pytest.importorskip("torch")
@@ -27,7 +29,6 @@ def dev(request, monkeypatch):
     monkeypatch.setattr(_cuda, "launch", lambda *a: calls.append(1) or launch(*a))
     if request.param == "routed-cpu":
         routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
-        monkeypatch.setattr(_engine, "is_cuda", routed)
         monkeypatch.setattr(_inputs, "is_cuda", routed)
         yield torch.device("cpu")
     else:
@@ -141,7 +142,7 @@ def test_reference_on_another_device_is_an_error():
 def test_chunk_setting():
     old = lmmetrics.set_cuda_chunk_bytes(1 << 20)
     assert lmmetrics.set_cuda_chunk_bytes(None) == 1 << 20
-    assert lmmetrics.set_cuda_chunk_bytes(old) == _cuda._DEFAULT_CHUNK_BYTES
+    assert lmmetrics.set_cuda_chunk_bytes(old) == layout._DEFAULT_CHUNK_BYTES
     with pytest.raises(ValueError):
         lmmetrics.set_cuda_chunk_bytes(0)
 
@@ -234,10 +235,10 @@ def test_lazy_logits_on_a_gpu_take_whole_rows_down_to_1024(dev, monkeypatch):
     """On the device, lazy rows are cut into vocabulary blocks only when
     fewer than 1024 whole rows fit the chunk (the host: 2048): 1100 fit,
     whole rows; 900 fit, blocks. The numbers are the materialized logits'."""
-    from lmmetrics import _lazy
+    from lmmetrics._engine import lazy as _lazy
 
     if dev.type == "cpu":  # (the chunk budget and the threshold are the device's)
-        monkeypatch.setattr(_chunked, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+        monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
     g = torch.Generator().manual_seed(29)
     h, w = torch.randn(1500, 8, generator=g), torch.randn(1024, 8, generator=g)
     t = torch.randint(0, 1024, (1500,), generator=g)
@@ -298,7 +299,7 @@ def test_a_pass_reads_the_device_once_when_it_ends(dev, small_chunks, monkeypatc
     ref = r if "kl" in ask else None
     reads = HostReads(monkeypatch)
     with reads as events:
-        _recording_chunks(monkeypatch, _cuda, events)
+        _recording_chunks(monkeypatch, torch_path, events)
         got = _engine.run(z, tn, ref, **ask)
     assert events.count("chunk") > 2 and events == ["chunk"] * events.count("chunk") + ["cpu", "numpy"], events
     want = _engine.run(zn, tn, None if ref is None else rn, **ask)
@@ -321,7 +322,7 @@ def test_uncertified_rows_are_done_again_after_the_one_transfer(dev, small_chunk
     ask = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, rank=True, top_logprob=True)
     reads = HostReads(monkeypatch)
     with reads as events:
-        _recording_chunks(monkeypatch, _cuda, events)
+        _recording_chunks(monkeypatch, torch_path, events)
         got = _engine.run(z, tn, r, **ask)
     n = events.count("chunk")
     assert n > 2 and events[:n + 2] == ["chunk"] * n + ["cpu", "numpy"], events

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _core, _inputs
+from lmmetrics import _core
+from lmmetrics._engine import inputs as _inputs
 from helpers import BF16, DTYPES, ISAS, is_bf16
 
 FIELDS = ("ptr", "dtype", "lead_shape", "n_cols", "n_rows", "rows_inner", "row_stride", "outer_stride")

@@ -9,6 +9,7 @@ pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m pee
 
 import lmmetrics
 from lmmetrics import _engine
+from lmmetrics._engine import inputs as _inputs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -53,8 +54,8 @@ def test_shift_true_gives_the_transformers_loss(model, batch):
 
 def test_shift_reads_the_logits_in_place(monkeypatch):
     seen = []
-    as_logits = _engine.as_logits
-    monkeypatch.setattr(_engine, "as_logits", lambda *a: seen.append(as_logits(*a)) or seen[-1])
+    as_logits = _inputs.as_logits
+    monkeypatch.setattr(_inputs, "as_logits", lambda *a: seen.append(as_logits(*a)) or seen[-1])
     z = np.random.default_rng(0).standard_normal((2, 6, 40)).astype(np.float32)
     t = np.random.default_rng(1).integers(0, 40, (2, 6))
     x = torch.from_numpy(z.copy())

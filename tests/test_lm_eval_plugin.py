@@ -161,8 +161,8 @@ def test_the_head_runs_only_where_a_continuation_is_scored(model, tokenizer, tok
     lm = _lm(LazyHFLM, model, tokenizer, batch_size=4)
     assert lm._lazy_plan() is not None  # (model_logits' check, on a probe, is done)
     rows, calls = [], []
-    real_rows = lmmetrics._lazy.Projected.rows
-    monkeypatch.setattr(lmmetrics._lazy.Projected, "rows",
+    real_rows = lmmetrics._engine.lazy.Projected.rows
+    monkeypatch.setattr(lmmetrics._engine.lazy.Projected, "rows",
                         lambda self, index, *a, **k: rows.append(len(index)) or real_rows(self, index, *a, **k))
     hook = model.get_output_embeddings().register_forward_hook(lambda *a: calls.append(1))
     try:

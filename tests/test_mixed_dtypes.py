@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _native
+from lmmetrics._engine import native as _native
 from helpers import BF16, is_bf16, ref_kl
 from test_compare import close, reference_stats
 from test_evaluate import check_metrics, expected_metrics

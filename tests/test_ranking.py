@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from lmmetrics import _cuda, _engine, _inputs
+from lmmetrics._engine import cuda as _cuda, inputs as _inputs
+from lmmetrics import _engine
 from helpers import BF16, DTYPES
 
 V = 1100
@@ -315,7 +316,6 @@ def _routed(monkeypatch):
     compute = _cuda.compute
     monkeypatch.setattr(_cuda, "compute", lambda *a: calls.append(1) or compute(*a))
     routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
-    monkeypatch.setattr(_engine, "is_cuda", routed)
     monkeypatch.setattr(_inputs, "is_cuda", routed)
     return calls
 

@@ -252,7 +252,7 @@ def test_nll_only_evaluator_with_reference_logits():
 
 def test_rows_of_a_view_that_cannot_be_flattened(monkeypatch):
     """row_blocks on numpy without reshape(copy=) (before 2.1) still views."""
-    from lmmetrics import _inputs
+    from lmmetrics._engine import inputs as _inputs
 
     real = np.reshape
 

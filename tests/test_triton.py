@@ -1,4 +1,4 @@
-"""The Triton kernel (lmmetrics._triton) without a GPU.
+"""The Triton kernel (lmmetrics._engine.cuda.triton) without a GPU.
 
 Each group runs in a fresh process with TRITON_INTERPRET=1 set before
 triton is imported (the variable is read when the kernels are decorated),
@@ -52,11 +52,12 @@ def _route(tile=256):
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
 
-    from lmmetrics import _cuda, _engine, _inputs, _triton
+    from lmmetrics._engine import cuda as _cuda, inputs as _inputs
+    from lmmetrics import _engine
+    from lmmetrics._engine.cuda import triton as _triton
 
     assert _triton.INTERPRET
     routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
-    _engine.is_cuda = routed
     _inputs.is_cuda = routed
     _cuda._force_triton = True
     _triton._tile = tile
@@ -313,7 +314,7 @@ def group_gpu_path_edges():
     float64 reference, bad reference rows): through Triton (a 256 tile and
     the default 2048), with the exact torch path behind it."""
     from helpers import check_gpu_path_edges
-    from lmmetrics import _triton
+    from lmmetrics._engine.cuda import triton as _triton
 
     calls = _route()
     check_gpu_path_edges("cpu")
@@ -371,7 +372,7 @@ def group_split_rows():
     import torch
 
     calls = _route()
-    from lmmetrics import _triton
+    from lmmetrics._engine.cuda import triton as _triton
 
     for dtype in _dtypes():
         z, r, t = _random((1,), 3000, dtype, seed=11)   # 12 tiles of 256
@@ -429,7 +430,8 @@ def group_layouts_and_api():
     import torch
 
     calls = _route()
-    from lmmetrics import _cuda, _triton
+    from lmmetrics._engine import cuda as _cuda
+    from lmmetrics._engine.cuda import triton as _triton
 
     g = torch.Generator().manual_seed(5)
     wide = torch.randn(2, 4, 900, generator=g) * 3
@@ -533,7 +535,8 @@ def group_one_transfer():
     import torch
 
     from helpers import HostReads
-    from lmmetrics import _engine, _triton
+    from lmmetrics import _engine
+    from lmmetrics._engine.cuda import triton as _triton
 
     calls = _route()
     z, r, t = _random((40,), 700, torch.float32, seed=31)
@@ -581,7 +584,7 @@ def group_bench_smoke():
     """The CUDA benchmark's code on tiny CPU tensors (interpreted): its table
     and its accuracy check; its timings mean nothing here."""
     calls = _route()
-    from lmmetrics import _bench_cuda
+    from lmmetrics.cli.bench import cuda as _bench_cuda
 
     lines = []
     rc = _bench_cuda.bench_cuda(tokens=2, vocab=600, dtypes=("bfloat16",), repeat=1, few_rows=1,
@@ -610,7 +613,7 @@ def group_compile_sm90():
     except Exception as e:  # pragma: no cover - depends on the triton build
         print(f"SKIP: this triton cannot compile for CUDA here ({e!r})")
         return
-    from lmmetrics import _triton
+    from lmmetrics._engine.cuda import triton as _triton
 
     cuobjdump = os.path.join(os.path.dirname(nvc.__file__), "bin", "cuobjdump")
     if not os.path.exists(cuobjdump):
@@ -729,7 +732,8 @@ def _cuda_available():
 def test_gpu_kernel_against_the_torch_path_and_the_core(monkeypatch):
     """Compiled kernels on CUDA tensors: the native core's values, the torch
     path's, and bitwise the same results for any number of tiles a program."""
-    from lmmetrics import _engine, _triton
+    from lmmetrics import _engine
+    from lmmetrics._engine.cuda import triton as _triton
 
     calls = []
     launch = _triton.compute

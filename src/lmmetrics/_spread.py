@@ -9,7 +9,7 @@ from typing import Tuple
 
 import numpy as np
 
-from ._types import F64Array
+from ._engine.types import F64Array
 
 #: the two-sided 95% normal quantile, Phi^-1(0.975)
 Z95 = 1.959963984540054

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _engine
-from ._types import BoolArray, F64Array
+from ._engine.types import BoolArray, F64Array
 from .convert import exp
 
 KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0, 0.1)

@@ -7,8 +7,8 @@ from typing import Any, Dict, Optional, Sequence, Union, overload
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_positive_int
-from ._types import FloatArray
+from ._engine.checks import check_positive_int
+from ._engine.types import FloatArray
 
 LN2 = math.log(2.0)
 

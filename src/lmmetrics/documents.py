@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 import numpy as np
 
-from ._types import F64Array, I64Array
+from ._engine.types import F64Array, I64Array
 from .convert import LN2
 
 #: the per-document sums, one column each (counts are exact in float64 below 2^53)

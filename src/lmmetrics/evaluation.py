@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _engine
-from ._inputs import as_index_array, as_table
+from ._engine.inputs import as_index_array, as_table
 from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr
-from ._types import F64Array, I64Array
+from ._engine.types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
 from .documents import COLUMNS, DocumentSums, Documents
 from .metrics import units_of

@@ -35,7 +35,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 from tqdm import tqdm
 
-from ._lazy import _findings, _model_logits, model_logits
+from ._engine.lazy import _findings, _model_logits, model_logits
 from .metrics import loglikelihood
 
 try:  # lm-eval >= 0.4.10 keeps it in utils_hf; earlier versions in utils

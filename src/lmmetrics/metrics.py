@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _engine
-from ._inputs import as_table
-from ._types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits, RowOptions
+from ._engine.inputs import as_table
+from ._engine.types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits, RowOptions
 from .convert import LN2, bits_per_unit, exp
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import Union
 import numpy as np
 import numpy.typing as npt
 
-from ._types import F64Array
+from ._engine.types import F64Array
 
 __all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Optional, Union, overload
 import numpy as np
 
 from . import _engine
-from ._checks import check_positive_int
-from ._types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits
+from ._engine.checks import check_positive_int
+from ._engine.types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits
 from .metrics import _per_position, as_output
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, Optional, Set
 
 import numpy as np
 
-from ._types import I64Array
+from ._engine.types import I64Array
 
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 _SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's whitespace

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ._types import F64Array
+from ._engine.types import F64Array
 from .documents import COLUMNS
 from .evaluation import Evaluator, Metrics
 

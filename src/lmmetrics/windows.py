@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from ._checks import check_positive_int
-from ._lazy import _findings, _model_logits
+from ._engine.checks import check_positive_int
+from ._engine.lazy import _findings, _model_logits
 from .metrics import token_nll
 
 if TYPE_CHECKING:

@@ -14,22 +14,22 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequ
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
-from ._config import show_config
-from ._engine import check_positive_int
-from ._errors import InputError
-from ._export import TokenWriter
-from ._export import check_path as check_token_path
-from ._files import FORMATS, dtype_name, load_array, load_named, named_array
-from ._inputs import as_table
-from ._plot import check_path as check_plot_path
-from ._plot import plot
-from ._version import __version__
-from .comparison import comparison_from_tokens, token_values
-from .convert import LN2, bits_per_unit
-from .evaluation import Evaluator
-from .metrics import bits_per_byte, cross_entropy, perplexity, token_nll
-from .ranking import MAX_BINS, Calibration, _check_bins, calibration_of
+from .. import _core
+from .._engine.config import show_config
+from .._engine import check_positive_int
+from .errors import InputError
+from .export import TokenWriter
+from .export import check_path as check_token_path
+from .files import FORMATS, dtype_name, load_array, load_named, named_array
+from .._engine.inputs import as_table
+from .plot import check_path as check_plot_path
+from .plot import plot
+from .._version import __version__
+from ..comparison import comparison_from_tokens, token_values
+from ..convert import LN2, bits_per_unit
+from ..evaluation import Evaluator
+from ..metrics import bits_per_byte, cross_entropy, perplexity, token_nll
+from ..ranking import MAX_BINS, Calibration, _check_bins, calibration_of
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -59,7 +59,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         if importlib.util.find_spec("torch") is None:
             raise InputError("--lazy needs torch (pip install torch)")
-        from ._bench_lazy import bench_lazy, bench_lazy_device
+        from .bench.lazy import bench_lazy, bench_lazy_device
 
         if args.device == "cuda":
             import torch
@@ -71,10 +71,10 @@ def _bench(args: argparse.Namespace) -> int:
         return bench_lazy(args.tokens, args.hidden, args.vocab, args.dtype or "float32",
                           args.threads or _core.max_threads(), min(args.repeat, 3))
     if args.device == "cuda":
-        from ._bench_cuda import DTYPES, bench_cuda
+        from .bench.cuda import DTYPES, bench_cuda
 
         return bench_cuda(args.tokens, args.vocab, DTYPES if args.dtype is None else (args.dtype,), args.repeat)
-    from ._bench_cpu import DTYPES as CPU_DTYPES, bench_cpu
+    from .bench.cpu import DTYPES as CPU_DTYPES, bench_cpu
 
     return bench_cpu(args.tokens, args.vocab, CPU_DTYPES if args.dtype is None else (args.dtype,),
                      args.threads or _core.max_threads(), args.repeat, compile=args.compile)
@@ -369,7 +369,7 @@ class _TokenOutputs:
     written chunk by chunk) and --plot (per-position mean NLL, calibration)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from ._checks import check_ignore_index
+        from .._engine.checks import check_ignore_index
 
         self.args = args
         self.ignore = check_ignore_index(args.ignore_index)

@@ -89,7 +89,7 @@ def _step(name: str, h: Any, w: Any, t: Any, threads: Optional[int]) -> Callable
         return lambda: lmmetrics.cross_entropy(lmmetrics.projected(h, w), t, num_threads=threads)
 
     def whole_rows() -> float:  # lazy-nll with rows never cut into vocabulary blocks
-        from . import _chunked
+        from ..._engine import chunked as _chunked
 
         old = _chunked._TILE_ROWS, _chunked._TILE_ROWS_CUDA
         _chunked._TILE_ROWS = _chunked._TILE_ROWS_CUDA = 1
@@ -151,7 +151,7 @@ def bench_lazy_device(device: Any, tokens: int = 8192, hidden: int = 2048, vocab
     (none off CUDA). Returns as :func:`bench_lazy`."""
     import torch
 
-    from ._bench_cuda import _timer
+    from .cuda import _timer
 
     dev = torch.device(device)
     h, w, t = _inputs(tokens, hidden, vocab, dtype, dev)

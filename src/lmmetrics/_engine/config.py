@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Union
 
-from . import _core
-from ._version import __version__
+from .. import _core
+from .._version import __version__
 
 ENV_ISA = "LMMETRICS_ISA"
 

@@ -1,6 +1,6 @@
 """Lazy logits through the engine a bounded chunk at a time.
 
-:func:`run_lazy` takes the engine's ``run`` and calls it on plain logits:
+:func:`run_lazy` passes plain logits to the backends (:mod:`.backend`):
 the counted rows (every row without targets) in chunks whose logits fit the
 budget, each chunk computed (:meth:`lmmetrics._lazy.Projected.rows`), read
 and dropped. Where whole rows do not fit the budget 2048 at a time, a chunk
@@ -22,7 +22,7 @@ cannot certify (+inf logits, every block -inf: an error) are done again
 whole, one at a time. Ignored rows are never projected.
 
 On a CUDA device, chunks of whole rows go through the CUDA pass without
-waiting for it (:func:`lmmetrics._cuda.launch`); their per-row results stay
+waiting for it (:func:`lmmetrics._engine.cuda.launch`); their per-row results stay
 on the device and come to the host in one transfer once every chunk is
 launched (:func:`_settle`). So do tiles: each goes through the CUDA pass
 without waiting, the blocks' values (and the targets' logits, the rank's
@@ -40,17 +40,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _inputs
-from ._device import to_device
-from ._errors import RowError, Status, row_error
-from ._inputs import is_cuda, is_torch
-from ._lazy import DEFAULT_CHUNK_BYTES, Projected
-from ._request import INDEX_OUTPUTS, OUTPUTS, RowResults, allocate, fsum
-from ._types import F64Array, I64Array
-
-#: the engine's run (the chunks' logits are plain: no recursion into this module)
-RunFn = Callable[..., RowResults]
-
+from . import inputs as _inputs
+from . import cuda as _cuda
+from .cuda import layout
+from .device import to_device
+from .errors import RowError, Status, row_error
+from .inputs import is_torch
+from .lazy import DEFAULT_CHUNK_BYTES, Projected
+from .backend import compute
+from .request import INDEX_OUTPUTS, OUTPUTS, RowResults, Want, allocate, fsum, want_of
+from .types import F64Array, I64Array
 
 @dataclass
 class _LazyShape:
@@ -84,12 +83,12 @@ _TILE_ROWS_CUDA = 1024
 _MIN_BLOCK = 512
 
 
-def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int, cap: float, threads: int,
-             want: Dict[str, bool]) -> RowResults:
-    """``run`` over lazy logits (either side or both): the counted rows (all
+def run_lazy(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, threads: int,
+             want: Want) -> RowResults:
+    """Lazy logits (either side or both) through the backends: the counted rows (all
     rows without targets) a bounded chunk at a time, each chunk's logits
-    computed, passed through ``run`` as plain logits, and dropped."""
-    # (the plain side as run takes it: a list or a buffer as an array)
+    computed, passed to the backend as plain logits, and dropped."""
+    # (the plain side as the backends take it: a list or a buffer as an array)
     logits, reference = (x if x is None or isinstance(x, (Projected, np.ndarray)) or is_torch(x) else np.asarray(x)
                          for x in (logits, reference))
     lg, ref = _lazy_shape(logits), None if reference is None else _lazy_shape(reference)
@@ -100,16 +99,16 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
     if cap and any(isinstance(x, Projected) and x.softcap for x in sides):
         raise ValueError("softcap is given both to the metric and to projected(): give it once "
                          "(projected()'s applies to those logits only)")
-    out = allocate(lg, ref, targets, ignore, check_range=True, **want)
+    out = allocate(lg, ref, targets, ignore, check_range=True, want=want)
     for name in OUTPUTS:
         arr = getattr(out, name)
         if arr is not None:  # ignored rows: as the core leaves them
             arr.fill(-1 if name in INDEX_OUTPUTS else 0)
     rows = np.flatnonzero(out.counted) if out.targets is not None else np.arange(lg.n_rows)
     lazy = [x for x in sides if isinstance(x, Projected)]
-    on_cuda = any(is_cuda(x.hidden) for x in lazy)
+    on_cuda = any(_inputs.is_cuda(x.hidden) for x in lazy)
     set_budgets = [x.chunk_bytes for x in lazy if x.chunk_bytes]  # (both sides': the smaller)
-    budget = min(set_budgets) if set_budgets else _cuda_chunk_bytes() if on_cuda else DEFAULT_CHUNK_BYTES
+    budget = min(set_budgets) if set_budgets else layout.chunk_bytes() if on_cuda else DEFAULT_CHUNK_BYTES
     tile_rows = _TILE_ROWS_CUDA if on_cuda else _TILE_ROWS
     per_col = sum(x.itemsize if isinstance(x, Projected) else x.dtype.itemsize
                   if isinstance(x, np.ndarray) else x.element_size() for x in sides)
@@ -124,9 +123,9 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
         sel = rows[a:a + step]
         t = None if out.targets is None else out.targets[sel]
         if block >= V:
-            _lazy_rows(run, logits, reference, sel, t, out, lg.lead_shape, cap, threads, want, on_device)
+            _lazy_rows(logits, reference, sel, t, out, lg.lead_shape, cap, threads, want, on_device)
         else:
-            _lazy_tiles(run, logits, reference, sel, t, out, lg.lead_shape, block, cap, threads, want, on_device)
+            _lazy_tiles(logits, reference, sel, t, out, lg.lead_shape, block, cap, threads, want, on_device)
     if on_device:
         _settle(logits, reference, on_device, out, lg.lead_shape, cap, whole)
     out.n_counted = int(rows.size)
@@ -134,10 +133,10 @@ def run_lazy(run: RunFn, logits: Any, targets: Any, reference: Any, ignore: int,
     return out
 
 
-def _lazy_rows(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
-               lead: Tuple[int, ...], cap: float, threads: int, want: Dict[str, bool],
+def _lazy_rows(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
+               lead: Tuple[int, ...], cap: float, threads: int, want: Want,
                on_device: Optional[List[Tuple[I64Array, Any]]] = None) -> None:
-    """Rows sel, whole, through ``run``; their results into out. CUDA
+    """Rows sel, whole, through the backend; their results into out. CUDA
     logits, given on_device, go through the CUDA pass without waiting for
     the device: sel and the pass's results (on the device) join on_device,
     for :func:`_settle` once every chunk is launched."""
@@ -146,21 +145,19 @@ def _lazy_rows(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Option
     if on_device is not None and (_inputs.is_cuda(z) or _inputs.is_cuda(r)):
         on_device.append((sel, _launch(z, r, t, cap, want)))
         return
-    _into(out, sel, lead, lambda: run(z, t, r, ignore_index=-1, softcap=cap or None, num_threads=threads or None,
-                                      **want))
+    _into(out, sel, lead, lambda: compute(z, t, r, -1, cap, threads, want))
 
 
-def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Dict[str, bool],
+def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Want,
             on_device: Any = None) -> Any:
     """The CUDA pass over the logits z (and r) of some rows, targets t (or
     the targets on_device, a tensor there, every row counted), launched
     without waiting for the device: its result buffer
-    (:data:`lmmetrics._cuda.N_RESULTS` x rows, on the device)."""
-    from . import _cuda
+    (:data:`lmmetrics._engine.cuda.layout.N_RESULTS` x rows, on the device)."""
 
     c_lg = _cuda.describe(z)
     c_ref = None if r is None else _cuda.describe(r, "reference_logits")
-    part = allocate(c_lg, c_ref, t, -1, check_range=False, **want)  # (its arrays stay unfilled)
+    part = allocate(c_lg, c_ref, t, -1, check_range=False, want=want)  # (its arrays stay unfilled)
     return _cuda.launch(c_lg, c_ref, part, cap, on_device)[0]
 
 
@@ -195,7 +192,6 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
     them a last bit differently, as a change of chunk_bytes would."""
     import torch
 
-    from . import _cuda
 
     rows = np.concatenate([sel for sel, _ in on_device])
     res = torch.cat([part for _, part in on_device], 1)
@@ -216,10 +212,10 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
         _into(out, sel, lead, lambda: exact(sel))
 
 
-def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
-                lead: Tuple[int, ...], block: int, cap: float, threads: int, want: Dict[str, bool],
+def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
+                lead: Tuple[int, ...], block: int, cap: float, threads: int, want: Want,
                 on_device: Optional[List[Tuple[I64Array, Any]]] = None) -> None:
-    """Rows sel a vocabulary block at a time: each tile through ``run``,
+    """Rows sel a vocabulary block at a time: each tile through the backend,
     which gives the block's logsumexp (its largest logit less its top
     log-probability; the reference's, its NLL at its largest logit, the
     tile's targets, plus that logit); the blocks merged in float64. A row
@@ -230,7 +226,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     CUDA logits, given on_device, go through the CUDA pass a tile at a time
     without waiting for the device (:func:`_launch`): the blocks' values
     stay there and are merged there, in float64 by the same formulas (torch
-    for numpy), into one result buffer (:data:`lmmetrics._cuda.N_RESULTS`
+    for numpy), into one result buffer (:data:`lmmetrics._engine.cuda.layout.N_RESULTS`
     x rows) that joins on_device for :func:`_settle`; a row some block
     cannot certify (flagged, a value not finite where its side has mass in
     the block, or its logsumexp not finite: `_tile_redo`) is flagged F_REDO there, and done again whole by the exact path after the one
@@ -245,7 +241,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     # the NLL's digits away.) No NLL at the tile's targets: unread, and
     # on the device inf where a block's first column is -inf (a masked
     # token 0), which sent every row to the exact path.
-    kw = dict(nll=False, entropy=want["entropy"], argmax=True, kl=want["kl"], ref_nll=ref, top_logprob=True)
+    kw = want_of(entropy="entropy" in want, argmax=True, kl="kl" in want, ref_nll=ref, top_logprob=True)
     dev = None if on_device is None else _cuda_device(logits, reference)
     xp: Any = np
     if dev is not None:
@@ -253,7 +249,7 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
 
         xp = torch
     blocks: Dict[str, List[Any]] = {k: [] for k in ("lse", "ent", "amv", "am", "rlse", "kl", "ramv", "ram", "top")}
-    want_rank = want["rank"] and t is not None
+    want_rank = "rank" in want and t is not None
     above = _zeros(n, np.int64, dev)
     thr = _target_logits(logits, sel, _need_targets(t), lead, block, cap, dev) if want_rank else _zeros(n, dev=dev)
     zt = _zeros(n, dev=dev)
@@ -269,11 +265,11 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
         anchor = col0 if r is None else _row_argmax(r)
         if dev is not None:  # the tile's values and flags stay on the device
             res = _launch(z, r, col0, 0.0, kw, anchor if r is not None else None)
-            floats: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)]  # noqa: E731
-            indices: Callable[[Any], Any] = lambda name: res[1 + OUTPUTS.index(name)].long()  # noqa: E731
+            floats: Callable[[Any], Any] = lambda name: res[layout.row(name)]  # noqa: E731
+            indices: Callable[[Any], Any] = lambda name: res[layout.row(name)].long()  # noqa: E731
         else:
             try:
-                part = _run_tile(run, z, r, anchor, threads, kw)
+                part = _run_tile(z, r, anchor, threads, kw)
             except RowError as e:
                 # a NaN: the first bad row is named, though an earlier row's
                 # NaN may sit in a later block, or its blocks all be -inf
@@ -294,12 +290,12 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
             massless[1] &= rnone
         with np.errstate(invalid="ignore"):  # inf - inf: the row is done again whole
             blocks["lse"].append(xp.where(none, -math.inf, amv - floats("top_logprob")))
-        if want["entropy"]:
+        if "entropy" in want:
             blocks["ent"].append(xp.where(none, 0.0, floats("entropy")))
-        if want["argmax"]:
+        if "argmax" in want:
             blocks["am"].append(am + j)
             blocks["amv"].append(amv)
-        if want["top_logprob"]:
+        if "top_logprob" in want:
             blocks["top"].append(xp.where(none, -math.inf, floats("top_logprob")))
         if t is not None:
             inb = np.flatnonzero((t >= cols.start) & (t < cols.stop))
@@ -310,9 +306,9 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
         if ref:
             with np.errstate(invalid="ignore"):
                 blocks["rlse"].append(xp.where(rnone, -math.inf, floats("ref_nll") + rmax))
-            if want["kl"]:  # (the model's block without mass, the reference's with: inf, by its share)
+            if "kl" in want:  # (the model's block without mass, the reference's with: inf, by its share)
                 blocks["kl"].append(xp.where(none | rnone, 0.0, floats("kl")))
-            if want["argmax"]:
+            if "argmax" in want:
                 ram = indices("ref_argmax")
                 blocks["ram"].append(ram + j)
                 blocks["ramv"].append(_at(r, rows_n, ram, dev))
@@ -324,11 +320,11 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     merged: Dict[str, Any] = {}
     if t is not None and out.nll is not None:
         merged["nll"] = lse - zt
-    if want["entropy"]:  # H = sum_b w_b (H_b - ln w_b), w_b the block's share of the mass
+    if "entropy" in want:  # H = sum_b w_b (H_b - ln w_b), w_b the block's share of the mass
         merged["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)], xp)
-    if want["argmax"]:
+    if "argmax" in want:
         merged["argmax"] = _take_best(blocks["amv"], blocks["am"], xp)
-    if want["top_logprob"]:  # max_b (M_b - lse_b) + (lse_b - lse) = M - lse
+    if "top_logprob" in want:  # max_b (M_b - lse_b) + (lse_b - lse) = M - lse
         with np.errstate(invalid="ignore"):
             merged["top_logprob"] = xp.clip(xp.amax(xp.stack(blocks["top"]) + xp.stack(lw), 0), None, 0.0)
     if want_rank:
@@ -338,10 +334,10 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
         redo |= ~xp.isfinite(rlse)
         if t is not None and out.ref_nll is not None:
             merged["ref_nll"] = rlse - rt
-        if want["kl"]:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
+        if "kl" in want:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
             with np.errstate(invalid="ignore"):  # (-inf - -inf: a block without mass on both sides, weight 0)
                 merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
-        if want["argmax"]:
+        if "argmax" in want:
             merged["ref_argmax"] = _take_best(blocks["ramv"], blocks["ram"], xp)
     values = {name: v if name in INDEX_OUTPUTS or name == "top_logprob" else xp.where(v < 0, 0.0, v)
               for name, v in merged.items() if getattr(out, name) is not None}
@@ -351,18 +347,18 @@ def _lazy_tiles(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optio
     for name, v in values.items():
         getattr(out, name)[sel] = v
     if redo.any():
-        _lazy_rows_alone(run, logits, reference, sel[redo], None if t is None else t[redo], out, lead, cap, threads,
+        _lazy_rows_alone(logits, reference, sel[redo], None if t is None else t[redo], out, lead, cap, threads,
                          want)
 
 
-def _run_tile(run: RunFn, z: Any, r: Any, anchor: Any, threads: int, kw: Dict[str, bool]) -> RowResults:
-    """``run`` over a tile (some rows' vocabulary block, and the
+def _run_tile(z: Any, r: Any, anchor: Any, threads: int, kw: Want) -> RowResults:
+    """The backend over a tile (some rows' vocabulary block, and the
     reference's), targets anchor. A row all -inf in the block, on either
     side, which the core refuses, holds none of the row's mass there: it is
     run as zeros (the merge does not read its values) and the tile
     restored (its own copy: computed, or copied from the logits)."""
     try:
-        return run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
+        return compute(z, anchor, r, -1, 0.0, threads, kw)
     except RowError as e:
         if e.status not in (Status.LM_ERR_EMPTY, Status.LM_ERR_EMPTY_REF):
             raise
@@ -371,7 +367,7 @@ def _run_tile(run: RunFn, z: Any, r: Any, anchor: Any, threads: int, kw: Dict[st
         if x is not None:
             x[rows] = 0
     try:
-        return run(z, anchor, r, ignore_index=-1, num_threads=threads or None, **kw)
+        return compute(z, anchor, r, -1, 0.0, threads, kw)
     finally:
         for x, rows in zip((z, r), empty):
             if x is not None:
@@ -384,7 +380,7 @@ def _massless(x: Any) -> Any:
     return x.max(1) == -math.inf if isinstance(x, np.ndarray) else x.amax(1) == -math.inf
 
 
-def _tile_redo(res: Any, kw: Dict[str, bool], none: Any, rnone: Any) -> Any:
+def _tile_redo(res: Any, kw: Want, none: Any, rnone: Any) -> Any:
     """The rows of a CUDA tile's pass (its result buffer res) that the merge
     cannot certify: flagged (NaN, +inf, a KL term beyond float), or a value
     not finite on a side with mass in the block; a side all -inf there (none,
@@ -393,14 +389,13 @@ def _tile_redo(res: Any, kw: Dict[str, bool], none: Any, rnone: Any) -> Any:
     one, by their values, as it does."""
     import torch
 
-    from . import _cuda
 
-    flags = res[_cuda.RES_FLAGS].long()
-    bad = (flags & ~(_cuda.F_REDO | _cuda.F_EMPTY | _cuda.F_EMPTY_REF)) != 0
+    flags = res[layout.RES_FLAGS].long()
+    bad = (flags & ~(layout.F_REDO | layout.F_EMPTY | layout.F_EMPTY_REF)) != 0
     for name in OUTPUTS:
-        if kw.get(name) and name not in INDEX_OUTPUTS:
+        if name in kw and name not in INDEX_OUTPUTS:
             skip = none | rnone if name == "kl" else rnone if name == "ref_nll" else none
-            bad |= ~torch.isfinite(res[1 + OUTPUTS.index(name)]) & ~skip
+            bad |= ~torch.isfinite(res[layout.row(name)]) & ~skip
     return bad
 
 
@@ -436,12 +431,11 @@ def _as_results(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:
     (on the device): the rows to do again flagged F_REDO."""
     import torch
 
-    from ._cuda import F_REDO, N_RESULTS, RES_FLAGS
 
-    res = torch.zeros((N_RESULTS, n), dtype=torch.float64, device=dev)
-    res[RES_FLAGS] = torch.where(redo, float(F_REDO), 0.0)
+    res = torch.zeros((layout.N_RESULTS, n), dtype=torch.float64, device=dev)
+    res[layout.RES_FLAGS] = torch.where(redo, float(layout.F_REDO), 0.0)
     for name, v in values.items():
-        res[1 + OUTPUTS.index(name)] = v
+        res[layout.row(name)] = v
     return res
 
 
@@ -475,11 +469,11 @@ def _set(arr: Any, idx: I64Array, values: Any) -> None:
     arr[_index(idx, None if isinstance(arr, np.ndarray) else arr.device)] = values
 
 
-def _lazy_rows_alone(run: RunFn, logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
-                     lead: Tuple[int, ...], cap: float, threads: int, want: Dict[str, bool]) -> None:
+def _lazy_rows_alone(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,
+                     lead: Tuple[int, ...], cap: float, threads: int, want: Want) -> None:
     """Rows sel one at a time, each whole (a row's vocabulary at once)."""
     for i in range(sel.size):
-        _lazy_rows(run, logits, reference, sel[i:i + 1], None if t is None else t[i:i + 1], out, lead, cap, threads,
+        _lazy_rows(logits, reference, sel[i:i + 1], None if t is None else t[i:i + 1], out, lead, cap, threads,
                    want)
 
 
@@ -584,12 +578,6 @@ def _at(x: Any, rows: Any, cols: Any, dev: Any = None) -> Any:
         host: F64Array = picked.to("cpu", torch.float64).numpy()
         return host
     return np.asarray(x[rows, cols], np.float64)
-
-
-def _cuda_chunk_bytes() -> int:
-    from ._cuda import chunk_bytes
-
-    return chunk_bytes()
 
 
 def _take_rows(x: Any, rows: I64Array, lead_shape: Tuple[int, ...], cols: Optional[slice] = None,

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol,
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
-from ._errors import target_error
-from ._lazy import Projected
-from ._types import I64Array
+from .. import _core
+from .errors import target_error
+from .lazy import Projected
+from .types import I64Array
 
 if TYPE_CHECKING:
     import torch

@@ -8,32 +8,55 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Literal, Optional, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ._inputs import DescribedLogits, as_targets
-from ._types import BoolArray, F64Array, I64Array
+from .inputs import DescribedLogits, as_targets
+from .types import BoolArray, F64Array, I64Array
 
 if TYPE_CHECKING:
     import torch
 
 #: every per-row output a pass can compute, in one order (the native core's
-#: outputs tuple takes them in this order)
+#: outputs tuple takes them in this order, the GPU result buffer's rows
+#: follow it), with its dtype: the one list a new output joins (with its
+#: field of RowResults, which a test holds to this list)
 #: (rank: the number of logits above the target's, plus those equal to it
 #: at a lower index (0 exactly at the first argmax); top_logprob: the top
 #: token's log-probability, max - logsumexp)
-OUTPUTS: Tuple[str, ...] = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "rank", "top_logprob")
+_OUTPUT_DTYPES: Tuple[Tuple[str, type], ...] = (
+    ("nll", np.float64), ("entropy", np.float64), ("argmax", np.int64), ("kl", np.float64),
+    ("ref_argmax", np.int64), ("ref_nll", np.float64), ("rank", np.int64), ("top_logprob", np.float64))
+OUTPUTS: Tuple[str, ...] = tuple(name for name, _ in _OUTPUT_DTYPES)
 #: the integer ones (-1 where a row is not counted; the others 0)
-INDEX_OUTPUTS = ("argmax", "ref_argmax", "rank")
-_DTYPES = tuple((name, np.int64 if name in INDEX_OUTPUTS else np.float64) for name in OUTPUTS)
+INDEX_OUTPUTS: Tuple[str, ...] = tuple(name for name, dtype in _OUTPUT_DTYPES if dtype is np.int64)
+#: the outputs of the reference logits, computed when there are some and
+#: the output named beside them is asked for (never asked for by name)
+_OF_REFERENCE = {"ref_argmax": "argmax", "ref_nll": "ref_nll"}
+#: the names a pass is asked for (``run(nll=True, ...)``)
+REQUESTS: Tuple[str, ...] = tuple(name for name in OUTPUTS if name != "ref_argmax")
 #: a RowResults' outputs as a tuple in OUTPUTS' order (None where not computed)
 outputs_of = attrgetter(*OUTPUTS)
 
-#: the float64 per-row outputs of a pass, and the int64 ones
+#: the float64 per-row outputs of a pass, and the int64 ones (for the
+#: typed accessors; a test holds them to OUTPUTS)
 FloatOutput = Literal["nll", "entropy", "kl", "ref_nll", "top_logprob"]
 IndexOutput = Literal["argmax", "ref_argmax", "rank"]
+
+#: what a pass computes: names of REQUESTS (the one object carried from
+#: ``run`` through ``allocate`` and the lazy-logits loop)
+Want = FrozenSet[str]
+
+
+def want_of(**requests: bool) -> Want:
+    """The Want of ``run``'s keyword requests (``nll=True, rank=False``...):
+    TypeError for a name that is no request."""
+    unknown = sorted(set(requests) - set(REQUESTS))
+    if unknown:
+        raise TypeError(f"unknown output(s) {', '.join(unknown)}; a pass computes {', '.join(REQUESTS)}")
+    return frozenset(name for name, on in requests.items() if on)
 
 
 @dataclass
@@ -110,8 +133,7 @@ def _computed(values: Optional[_A], name: str) -> _A:
 
 
 def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, ignore: int, *,
-             check_range: bool, nll: bool, entropy: bool, argmax: bool, kl: bool,
-             ref_nll: bool, rank: bool = False, top_logprob: bool = False) -> RowResults:
+             check_range: bool, want: Want) -> RowResults:
     """The checks of both buffers and the targets against each other, and
     the outputs of a pass over them, allocated (not yet computed)."""
     if ref is not None and ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
@@ -120,17 +142,19 @@ def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, 
             f"logits shape {lg.lead_shape + (lg.n_cols,)}")
     if targets is not None:
         tgt = as_targets(targets, lg, check_range=check_range, ignore_index=ignore)
-    elif nll or ref_nll:
+    elif "nll" in want or "ref_nll" in want:
         raise ValueError("targets are required for the NLL")
-    elif rank:
+    elif "rank" in want:
         raise ValueError("targets are required for the rank")
     else:
         tgt = None
     n = lg.n_rows
     out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
-    wanted = (nll, entropy, argmax, kl, ref is not None and argmax, ref is not None and ref_nll,
-              rank, top_logprob)  # OUTPUTS' order
-    for (name, dtype), on in zip(_DTYPES, wanted):
+    for name, dtype in _OUTPUT_DTYPES:
+        if name in _OF_REFERENCE:
+            on = ref is not None and _OF_REFERENCE[name] in want
+        else:
+            on = name in want
         if on:
             setattr(out, name, np.empty(n, dtype))
     return out

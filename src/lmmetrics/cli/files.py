@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, NoReturn, Optional, Tup
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import FileError
+from .errors import FileError
 
 __all__ = ["FORMATS", "FileError", "dtype_name", "load_array", "load_named", "named_array"]
 

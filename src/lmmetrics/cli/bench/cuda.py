@@ -15,7 +15,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Tuple
 
-from ._errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
     import torch
@@ -115,12 +115,12 @@ def bench_cuda(tokens: int = 2048, vocab: int = 128256, dtypes: Iterable[str] = 
     try:
         import triton
 
-        from . import _triton
+        from ..._engine.cuda import triton as _triton
     except ImportError as e:
         raise InputError(f"--device cuda needs triton (pip install triton): {e}") from None
 
-    from .evaluation import evaluate
-    from .metrics import cross_entropy
+    from ...evaluation import evaluate
+    from ...metrics import cross_entropy
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
     print_fn(f"lmmetrics bench: CUDA path on {name}; triton {triton.__version__}, tile {_triton.TILE}, "

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 import numpy.typing as npt
 
-from ._export import check_output
+from .export import check_output
 
 #: the figure's size in pixels (width, height): 2 panels
 SIZE = (1200, 450)

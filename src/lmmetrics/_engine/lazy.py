@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._checks import check_positive_int, check_softcap
-from ._device import to_device
+from .checks import check_positive_int, check_softcap
+from .device import to_device
 
 if TYPE_CHECKING:
     import torch

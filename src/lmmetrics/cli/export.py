@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Dict, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import InputError
+from .errors import InputError
 
 FORMATS = (".npz", ".parquet")
 

@@ -23,12 +23,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, _engine
-from ._errors import InputError
-from ._types import I64Array
+from ... import _core, _engine
+from ..errors import InputError
+from ..._engine.types import I64Array
 
-from .evaluation import evaluate
-from .metrics import cross_entropy, kl_divergence
+from ...evaluation import evaluate
+from ...metrics import cross_entropy, kl_divergence
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 SMALL_VOCAB = 32000  # the small call: one row of a Llama-2-sized vocabulary

@@ -1,13 +1,15 @@
 """The one path from the public functions to a computation.
 
 Every metric calls :func:`run`, which checks the arguments, takes model
-outputs' ``.logits``, aligns unshifted inputs (``shift=True``), allocates
-the per-row outputs (:mod:`lmmetrics._request`) and hands the pass to the
-backend that owns where the data lives: the native core for host buffers
-(:mod:`lmmetrics._native`), the Triton kernel or torch for CUDA tensors
-(:mod:`lmmetrics._cuda`). Lazy logits (:mod:`lmmetrics._lazy`) come back
-through :func:`run` a chunk at a time (:mod:`lmmetrics._chunked`). Data
-flows one way: backends import nothing above them.
+outputs' ``.logits``, aligns unshifted inputs (``shift=True``) and hands
+the pass to :func:`lmmetrics._engine.backend.compute`, which allocates the
+per-row outputs (:mod:`lmmetrics._engine.request`) and calls the backend
+that owns where the data lives: the native core for host buffers
+(:mod:`lmmetrics._engine.native`), the Triton kernel or torch for CUDA
+tensors (:mod:`lmmetrics._engine.cuda`). Lazy logits
+(:mod:`lmmetrics._engine.lazy`) go to :mod:`lmmetrics._engine.chunked`,
+which passes their chunks to the same backend. Data flows one way: no
+module of this package imports one above it (``tests/core/test_layers.py``).
 """
 from __future__ import annotations
 
@@ -15,24 +17,26 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _native
-from ._checks import check_ignore_index as check_ignore_index
-from ._checks import check_positive_int as check_positive_int
-from ._checks import check_shift as check_shift
-from ._checks import check_softcap as check_softcap
-from ._checks import check_threads as check_threads
-from ._chunked import run_lazy
-from ._inputs import as_logits, is_cuda, is_torch, model_logits, shifted
-from ._lazy import Projected
-from ._request import RowResults as RowResults
-from ._request import allocate
+from . import native as _native
+from . import inputs as _inputs
+from .backend import compute
+from .checks import check_ignore_index as check_ignore_index
+from .checks import check_positive_int as check_positive_int
+from .checks import check_shift as check_shift
+from .checks import check_softcap as check_softcap
+from .checks import check_threads as check_threads
+from .chunked import run_lazy
+from .inputs import is_torch, model_logits, shifted
+from .lazy import Projected
+from .request import RowResults as RowResults
+from .request import want_of
 
 
 def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: Optional[int] = -100,
         softcap: Optional[float] = None, num_threads: Optional[int] = None, shift: Optional[bool] = None,
-        nll: bool = False, entropy: bool = False, argmax: bool = False, kl: bool = False,
-        ref_nll: bool = False, rank: bool = False, top_logprob: bool = False) -> RowResults:
-    """One read of the logits (and reference logits) computing what is asked.
+        **outputs: bool) -> RowResults:
+    """One read of the logits (and reference logits) computing the outputs
+    asked for (``nll=True``, ... : the names of ``request.REQUESTS``).
 
     ``rank`` (needs targets): per row the number of logits above the
     target's, plus those equal to it at a lower index (int64, -1 where
@@ -42,6 +46,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
 
     ``logits`` and ``reference`` may be model outputs with ``.logits``;
     with ``shift`` they are aligned with the next target (:func:`shifted`)."""
+    want = want_of(**outputs)
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)
@@ -51,29 +56,11 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     logits, reference = model_logits(logits), model_logits(reference)
     if said:
         logits, targets, reference = shifted(logits, targets, reference)
-    if (kl or ref_nll) and reference is None:
+    if ("kl" in want or "ref_nll" in want) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
     if isinstance(logits, Projected) or isinstance(reference, Projected):
-        return run_lazy(run, logits, targets, reference, ignore, cap, threads,
-                        dict(nll=nll, entropy=entropy, argmax=argmax, kl=kl, ref_nll=ref_nll, rank=rank,
-                             top_logprob=top_logprob))
-    if is_cuda(logits) or is_cuda(reference):  # a GPU backend: Triton, else torch
-        from . import _cuda
-
-        c_lg = _cuda.describe(logits)
-        c_ref = None if reference is None else _cuda.describe(reference, "reference_logits")
-        out = allocate(c_lg, c_ref, targets, ignore, check_range=True, nll=nll, entropy=entropy, argmax=argmax,
-                       kl=kl, ref_nll=ref_nll, rank=rank, top_logprob=top_logprob)
-        if c_lg.n_rows:
-            _cuda.compute(c_lg, c_ref, out, ignore, cap)
-        return out
-    lg = as_logits(logits)
-    ref = None if reference is None else as_logits(reference, "reference_logits")
-    out = allocate(lg, ref, targets, ignore, check_range=False, nll=nll, entropy=entropy, argmax=argmax, kl=kl,
-                   ref_nll=ref_nll, rank=rank, top_logprob=top_logprob)
-    if lg.n_rows:
-        _native.compute(lg, ref, out, cap, threads)
-    return out
+        return run_lazy(logits, targets, reference, ignore, cap, threads, want)
+    return compute(logits, targets, reference, ignore, cap, threads, want)
 
 
 def nll_total(logits: Any, targets: Any, *, ignore_index: Optional[int], shift: Optional[bool],
@@ -102,7 +89,7 @@ def _host_array(x: Any) -> Optional[np.ndarray[Any, Any]]:
     anything else (or a tensor numpy cannot view: bfloat16, sparse)."""
     if type(x) is np.ndarray:
         return x
-    if not is_torch(x) or is_cuda(x):  # (is_cuda: where run() sends a tensor)
+    if not is_torch(x) or _inputs.is_cuda(x):  # (is_cuda: where run() sends a tensor)
         return None
     try:
         view: np.ndarray[Any, Any] = x.detach().numpy() if x.requires_grad else x.numpy()

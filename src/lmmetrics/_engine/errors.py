@@ -1,15 +1,14 @@
 """The exceptions for bad rows and targets, shared by the native core's path
-(:mod:`lmmetrics._engine`) and the CUDA path (:mod:`lmmetrics._cuda`), and
-those for bad command-line inputs (:class:`InputError`, :class:`FileError`)."""
+(:mod:`lmmetrics._engine.native`) and the CUDA path (:mod:`lmmetrics._engine.cuda`)."""
 from __future__ import annotations
 
 from typing import Sequence, Tuple
 
 import numpy as np
 
-from ._core import lm_status as Status
+from .._core import lm_status as Status
 
-__all__ = ["Status", "ROW_STATUSES", "InputError", "FileError", "RowError", "position", "row_error", "target_error"]
+__all__ = ["Status", "ROW_STATUSES", "RowError", "position", "row_error", "target_error"]
 
 _ROW_MESSAGES = {
     Status.LM_ERR_NAN: "NaN in logits at row {row} (position {pos})",
@@ -18,16 +17,6 @@ _ROW_MESSAGES = {
     Status.LM_ERR_EMPTY_REF: "reference_logits row {row} (position {pos}) is all -inf: it holds no distribution",
 }
 ROW_STATUSES = frozenset(_ROW_MESSAGES)
-
-
-class InputError(Exception):
-    """A user-facing problem with what the command line was given: an input
-    array's shape or dtype, an option this installation cannot serve. The
-    command prints it as one line (no traceback) and exits with status 2."""
-
-
-class FileError(InputError):
-    """A user-facing problem with an input file (one line, no traceback)."""
 
 
 def position(i: int, lead_shape: Sequence[int]) -> Tuple[int, ...]:

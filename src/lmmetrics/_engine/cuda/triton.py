@@ -20,7 +20,7 @@ hold +inf, or whose KL cross term is beyond float range (the model masks
 where the reference does not), are done again by the exact torch path of
 :mod:`lmmetrics._cuda`; NaN and all -inf rows among the counted ones raise
 the native core's errors, naming the first bad row. The per-row values go
-into the pass's buffer on the device (:data:`lmmetrics._cuda.N_RESULTS`
+into the pass's buffer on the device (:data:`lmmetrics._engine.cuda.layout.N_RESULTS`
 values a row), which :mod:`lmmetrics._cuda` brings to the host once when the
 pass ends: no launch waits for the device. float64 logits keep the
 torch path, and so does a request for the rank (the logits above the
@@ -38,9 +38,10 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from ._cuda import N_RESULTS, CudaLogits, chunk_bytes
-from ._inputs import row_chunks
-from ._request import RowResults
+from .layout import (F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, N_RESULTS, RES_FLAGS, TILE_FLAGS, CudaLogits,
+                     chunk_bytes, row)
+from ..inputs import row_chunks
+from ..request import RowResults
 
 if TYPE_CHECKING:
     import torch
@@ -63,16 +64,18 @@ _MAX_TILES = 4096
 # come back in one transfer).
 _STATE_BYTES = 64 * 2**20
 _NFIELDS = 9  # m, s, t, am, flags, rm, rs, c, ram
-# flag bits (per tile, then per row): lmmetrics._cuda's F_NAN, F_INF,
-# F_NAN_REF, F_INF_REF, F_CROSS (the tiles' 5), F_EMPTY, F_EMPTY_REF
+# flag bits (per tile, then per row): layout.TILE_FLAGS, bit b a tile's
+# 12-bit count field b, then F_EMPTY, F_EMPTY_REF per row
+_F_INF, _F_INF_REF, _F_EMPTY, _F_EMPTY_REF = (tl.constexpr(f) for f in (F_INF, F_INF_REF, F_EMPTY, F_EMPTY_REF))
+_N_TILE_FLAGS = tl.constexpr(len(TILE_FLAGS))
 # KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
 _CROSS_BIG = 1e20
-# output rows of the (9, N) float64 result, lmmetrics._cuda's layout
-# (the outputs in lmmetrics._request.OUTPUTS' order, after the flags; the
-# rank's row is never written: requests with it keep the torch path)
-_O_FLAGS, _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_RANK, _O_TOP = (tl.constexpr(k) for k in range(9))
+# output rows of the (N_RESULTS, N) float64 result (layout.row; the rank's
+# row is never written: requests with it keep the torch path)
+_O_FLAGS = tl.constexpr(RES_FLAGS)
+_O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_TOP = (
+    tl.constexpr(row(name)) for name in ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "top_logprob"))
 _N_RESULTS = N_RESULTS
-assert _N_RESULTS == 9
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -192,7 +195,7 @@ def _tiles(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
                 tl.store(at + 8 * plane, ram.to(tl.float32))
             n = tl.sum(code, 0)
             flags = ((n & 4095) > 0).to(tl.int32)
-            for b in tl.static_range(1, 5):
+            for b in tl.static_range(1, _N_TILE_FLAGS):
                 flags = flags | ((((n >> (12 * b)) & 4095) > 0).to(tl.int32) << b)
             tl.store(at + 4 * plane, flags.to(tl.float32))
 
@@ -240,7 +243,7 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     off = tj[None, :].to(tl.int64) * n_rows + rows64[:, None]
     m = tl.load(st_ptr + off, mask=msk, other=ninf)
     M = tl.max(m, 1)
-    flags = _any_bits(tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32), 1, 5)
+    flags = _any_bits(tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32), 1, _N_TILE_FLAGS)
     M64 = M.to(tl.float64)
     s = tl.load(st_ptr + plane + off, mask=msk, other=0.0).to(tl.float64)
     live = s > 0
@@ -265,8 +268,8 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         # the cross term moved to the common shifts (M, RM)
         C = tl.sum(tl.where(rlive, ar * (c + (drm - dm) * rs), 0.0), 1)
         kr = tl.min(tl.where(msk & (rm == RM[:, None]), tj, NT), 1)
-    empty = (M == ninf) & ((flags & 2) == 0)
-    flags = flags | tl.where(counted & empty, 32, 0)
+    empty = (M == ninf) & ((flags & _F_INF) == 0)
+    flags = flags | tl.where(counted & empty, _F_EMPTY, 0)
     ls = tl.log(S)
     kz = tl.where(counted & (kz < n_tiles), kz, 0)
     am = tl.load(st_ptr + 3 * plane + kz.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0)
@@ -283,8 +286,8 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     # the top token's log-probability: (M - M) - log S, <= 0
     tl.store(base + _O_TOP * n_total, tl.where(counted, -_nonneg(ls), 0.0), mask=rmask)
     if HAS_REF:
-        rempty = (RM == ninf) & ((flags & 8) == 0)
-        flags = flags | tl.where(counted & rempty, 64, 0)
+        rempty = (RM == ninf) & ((flags & _F_INF_REF) == 0)
+        flags = flags | tl.where(counted & rempty, _F_EMPTY_REF, 0)
         rls = tl.log(RS)
         kl = C / RS - rls + ls
         kr = tl.where(counted & (kr < n_tiles), kr, 0)

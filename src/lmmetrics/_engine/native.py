@@ -12,10 +12,10 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _core
-from ._errors import ROW_STATUSES, Status, row_error, target_error
-from ._inputs import Logits, as_logits, row_chunks
-from ._request import RowResults, fsum, outputs_of
+from .. import _core
+from .errors import ROW_STATUSES, Status, row_error, target_error
+from .inputs import Logits, as_logits, row_chunks
+from .request import RowResults, fsum, outputs_of
 
 def nll_total(logits: np.ndarray[Any, Any], targets: np.ndarray[Any, Any], ignore: int,
               threads: int) -> Optional[Tuple[float, int]]:

@@ -1,0 +1,67 @@
+"""The GPU result buffer's contract, the one home of what the CUDA path, the
+Triton kernel and the lazy-logits loop share: the descriptor of a CUDA
+logits tensor (:class:`CudaLogits`), the buffer's rows (:data:`RES_FLAGS`,
+then the outputs in ``OUTPUTS``' order: :func:`row`), the flag bits, and the
+chunk setting (:func:`set_cuda_chunk_bytes`). A leaf: it imports nothing of
+the CUDA path."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from ..checks import check_positive_int
+from ..request import OUTPUTS
+
+_DEFAULT_CHUNK_BYTES = 256 * 2**20
+_chunk_bytes = _DEFAULT_CHUNK_BYTES
+
+
+def chunk_bytes() -> int:
+    """The current bound on extra GPU memory (:func:`set_cuda_chunk_bytes`)."""
+    return _chunk_bytes
+
+
+def set_cuda_chunk_bytes(nbytes: Optional[int] = None) -> int:
+    """Bound the extra GPU memory used for CUDA logits (default 256 MiB).
+
+    Rows are processed in chunks whose temporaries fit in ``nbytes``; at
+    least one row is processed at a time. ``None`` restores the default.
+    Returns the previous value.
+    """
+    global _chunk_bytes
+    new = _DEFAULT_CHUNK_BYTES if nbytes is None else check_positive_int("nbytes", nbytes)
+    old, _chunk_bytes = _chunk_bytes, new
+    return old
+
+
+@dataclass
+class CudaLogits:
+    """A CUDA logits tensor as the engine sees it."""
+
+    keep: Any
+    dtype: str
+    lead_shape: Tuple[int, ...]
+    n_cols: int
+    n_rows: int
+
+
+# The per-row results of a pass, on the device: one float64 buffer of
+# (N_RESULTS, rows), allocated once a pass; row RES_FLAGS holds a row's
+# flags, rows 1.. the outputs in OUTPUTS' order (the integer ones as exact
+# float64 integers). The Triton kernel writes the same layout.
+RES_FLAGS = 0
+N_RESULTS = 1 + len(OUTPUTS)
+# flag bits: a counted row with F_NAN, F_EMPTY, F_NAN_REF or F_EMPTY_REF is
+# an error (the first one raises, checked in that order); one with F_INF,
+# F_INF_REF, F_CROSS (the Triton kernel's) or F_REDO (a torch chunk the fast
+# path cannot certify) is done again by the exact path
+F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF, F_REDO = 1, 2, 4, 8, 16, 32, 64, 128
+ERRORS = F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF
+SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
+# the flags a Triton tile counts, bit b of its flags from its 12-bit count field b
+TILE_FLAGS = (F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS)
+
+
+def row(name: str) -> int:
+    """The buffer's row of the per-row output ``name`` (one of ``OUTPUTS``)."""
+    return 1 + OUTPUTS.index(name)
