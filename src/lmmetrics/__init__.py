@@ -17,7 +17,7 @@ from . import convert, probs
 from ._engine.config import apply_env_isa as _apply_env_isa
 from ._engine.config import show_config
 from ._engine.lazy import Projected, model_logits, projected
-from ._engine.cuda import set_cuda_chunk_bytes
+from ._engine.cuda.layout import set_cuda_chunk_bytes
 from ._version import __version__
 from .comparison import Comparison, Distribution, Estimate, compare
 from .documents import Documents
