@@ -19,10 +19,10 @@ export PYTHONPATH=src
 per_test=""
 python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 90"
 # shellcheck disable=SC2086
-timeout 170 python3 -m pytest -q -p no:cacheprovider $per_test -k "not routed" tests/test_cuda_path.py \
-    tests/test_triton.py::test_gpu_kernel_against_the_torch_path_and_the_core \
-    tests/test_triton.py::test_gpu_rows_past_2_31_elements tests/test_triton.py::test_gpu_path_edges_on_a_gpu \
-    tests/test_triton.py::test_compiles_for_sm90_without_spills 2>&1 | tee "$out/tests.log" | tail -5
+timeout 170 python3 -m pytest -q -p no:cacheprovider $per_test -k "not routed" tests/cuda/test_cuda_path.py \
+    tests/cuda/test_triton.py::test_gpu_kernel_against_the_torch_path_and_the_core \
+    tests/cuda/test_triton.py::test_gpu_rows_past_2_31_elements tests/cuda/test_triton.py::test_gpu_path_edges_on_a_gpu \
+    tests/cuda/test_triton.py::test_compiles_for_sm90_without_spills 2>&1 | tee "$out/tests.log" | tail -5
 timeout 60 python3 -m lmmetrics bench --device cuda --dtype bfloat16 --tokens 8192 2>&1 | tee "$out/bench.log"
 timeout 60 python3 -m lmmetrics bench --device cuda 2>&1 | tee -a "$out/bench.log"
 timeout 60 python3 -m lmmetrics bench --lazy --device cuda --tokens 8192 2>&1 | tee "$out/lazy.log"

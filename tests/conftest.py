@@ -20,7 +20,7 @@ def isa(request):
     _core.set_isa(before)
 
 
-# hypothesis profiles for the property suites (tests/test_fuzz.py; tests
+# hypothesis profiles for the property suites (tests/properties/test_fuzz.py; tests
 # with their own @settings, as test_properties.py, keep their counts):
 # "ci" (the default) runs up to 800 examples per property test: 3,200 fuzz
 # cases (4 properties) + 800 shape-mismatch cases + the two small exception

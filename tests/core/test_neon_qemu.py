@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 C_DIR = ROOT / "lmmetrics_c"
 HARNESS = ROOT / "tests" / "c" / "segment_harness.c"
 DRIVER_HARNESS = ROOT / "tests" / "c" / "driver_harness.c"

@@ -211,7 +211,7 @@ def test_two_ddp_ranks_every_mode(setup, tmp_path):
     torch.save(model.state_dict(), tmp_path / "model.pt")
     (tmp_path / "data.json").write_text(json.dumps({"rows": rows, "token_bytes": token_bytes}))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1] / "src")] + sys.path))
+        [str(Path(__file__).resolve().parents[2] / "src")] + sys.path))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
            __file__, str(tmp_path)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -269,7 +269,7 @@ def test_clear_errors():
 def test_importing_lmmetrics_imports_no_transformers():
     code = ("import sys, lmmetrics, lmmetrics.transformers; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
 

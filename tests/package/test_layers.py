@@ -53,7 +53,7 @@ def _layer(name):
         for m in members:
             if name == m or (m.endswith(".*") and name.startswith(m[:-1])):
                 return i
-    raise AssertionError(f"{name} is in no layer of tests/core/test_layers.py: add it to one")
+    raise AssertionError(f"{name} is in no layer of tests/package/test_layers.py: add it to one")
 
 
 def _imports(name, path):

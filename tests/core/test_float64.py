@@ -14,7 +14,7 @@ import pytest
 mpmath = pytest.importorskip("mpmath")  # extended precision (installed with torch, or on its own)
 import lmmetrics  # noqa: E402
 
-F64_TOL = 1e-13  # as tests/test_fuzz.py
+F64_TOL = 1e-13  # as tests/properties/test_fuzz.py
 LD = np.longdouble
 
 

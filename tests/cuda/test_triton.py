@@ -31,7 +31,8 @@ KEYS = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
 
 
 def _in_subprocess(group, interpret=True, timeout=300):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG_ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG_ROOT, HERE, os.path.dirname(HERE),
+                                                        os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"

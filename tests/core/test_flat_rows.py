@@ -31,7 +31,7 @@ def _closed_forms(x: float, v: int):
 
 
 def _ent_tol(h: float) -> float:
-    """the float32 contract for entropy and KL (tests/test_fuzz.py)"""
+    """the float32 contract for entropy and KL (tests/properties/test_fuzz.py)"""
     return 2e-6 + 1e-6 * abs(h)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from mdblocks import output_matches, run_section, sections
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 SECTIONS = sections(README.read_text(encoding="utf-8"))
 
 

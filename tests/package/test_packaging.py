@@ -10,7 +10,7 @@ import pytest
 
 import lmmetrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IN_SOURCE_TREE = (ROOT / "setup.py").is_file() and (ROOT / "lmmetrics_c").is_dir()
 
 
@@ -27,15 +27,15 @@ def _needed_files():
     """The files a build from the sdist (and its tests) needs, from the tree."""
     needed = {"README.md", "CONTRIBUTING.md", "LICENSE", "pyproject.toml", "setup.py", "MANIFEST.in", "mkdocs.yml"}
     for p in (ROOT / "docs").rglob("*.md"):
-        needed.add(p.relative_to(ROOT).as_posix())  # tests/test_docs.py runs their examples
+        needed.add(p.relative_to(ROOT).as_posix())  # tests/docs/test_docs.py runs their examples
     for p in (ROOT / "lmmetrics_c").iterdir():
         if p.is_file() and p.name != "_core.c" and p.suffix in (".c", ".h", ".pyx", ".pxd"):
             needed.add(p.relative_to(ROOT).as_posix())
     for p in (ROOT / "tests").rglob("*"):
         if p.is_file() and p.suffix in (".py", ".c", ".h") and "__pycache__" not in p.parts:
             needed.add(p.relative_to(ROOT).as_posix())
-    for p in (ROOT / "src" / "lmmetrics").iterdir():
-        if p.is_file() and p.suffix in (".py", ".typed"):
+    for p in (ROOT / "src" / "lmmetrics").rglob("*"):
+        if p.is_file() and p.suffix in (".py", ".typed") and "__pycache__" not in p.parts:
             needed.add(p.relative_to(ROOT).as_posix())
     return needed
 

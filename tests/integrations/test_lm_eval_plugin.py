@@ -36,8 +36,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 import lmmetrics  # noqa: E402
 from lmmetrics.lm_eval import LazyHFLM  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-TASKS = Path(__file__).resolve().parent / "data" / "lm_eval"
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval"
 TEXT = "naïve café 日本語 🙂 the cat sat on the mat. "
 MAX_LENGTH = 32
 HFLM = huggingface.HFLM

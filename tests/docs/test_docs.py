@@ -9,7 +9,7 @@ import pytest
 import lmmetrics
 from mdblocks import run_section, sections
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md")) if DOCS.is_dir() else []
 pytestmark = pytest.mark.skipif(not PAGES, reason="docs/ is not here (tests copied without the pages)")
