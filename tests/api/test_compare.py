@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from helpers import log_softmax, random_logits
+from helpers import X86_64, llama_text, log_softmax, random_logits
 
 
 def sigma_of_mean(x):
@@ -146,66 +146,6 @@ def test_few_tokens_follow_llama_cpp():
             assert c.tokens == n
             assert c.ppl.uncertainty == c.ppl_ref.uncertainty == 0.0
             assert c.ln_ratio.uncertainty == c.ratio.uncertainty == c.delta_ppl.uncertainty == 0.0
-
-
-# llama.cpp's printf formats (tools/perplexity/perplexity.cpp, kl_divergence()),
-# copied as written there, for a byte-for-byte check
-LLAMA_FORMATS = r"""====== Perplexity statistics ======
-Mean PPL(Q)                   : %10.6lf ± %10.6lf
-Mean PPL(base)                : %10.6lf ± %10.6lf
-Cor(ln(PPL(Q)), ln(PPL(base))): %6.2lf%%
-Mean ln(PPL(Q)/PPL(base))     : %10.6lf ± %10.6lf
-Mean PPL(Q)/PPL(base)         : %10.6lf ± %10.6lf
-Mean PPL(Q)-PPL(base)         : %10.6lf ± %10.6lf
-
-====== KL divergence statistics ======
-Mean    KLD: %10.6lf ± %10.6lf
-Maximum KLD: %10.6f
-99.9%%   KLD: %10.6f
-99.0%%   KLD: %10.6f
-95.0%%   KLD: %10.6f
-90.0%%   KLD: %10.6f
-Median  KLD: %10.6f
-10.0%%   KLD: %10.6f
- 5.0%%   KLD: %10.6f
- 1.0%%   KLD: %10.6f
- 0.1%%   KLD: %10.6f
-Minimum KLD: %10.6f
-
-====== Token probability statistics ======
-Mean    Δp: %6.3lf ± %5.3lf %%
-Maximum Δp: %6.3lf%%
-99.9%%   Δp: %6.3lf%%
-99.0%%   Δp: %6.3lf%%
-95.0%%   Δp: %6.3lf%%
-90.0%%   Δp: %6.3lf%%
-75.0%%   Δp: %6.3lf%%
-Median  Δp: %6.3lf%%
-25.0%%   Δp: %6.3lf%%
-10.0%%   Δp: %6.3lf%%
- 5.0%%   Δp: %6.3lf%%
- 1.0%%   Δp: %6.3lf%%
- 0.1%%   Δp: %6.3lf%%
-Minimum Δp: %6.3lf%%
-RMS Δp    : %6.3lf ± %5.3lf %%
-Same top p: %6.3lf ± %5.3lf %%
-"""
-
-
-def llama_text(c):
-    """The statistics printed through llama.cpp's own formats."""
-    k, dp = c.kld, c.delta_p
-    values = [c.ppl.value, c.ppl.uncertainty, c.ppl_ref.value, c.ppl_ref.uncertainty, 100 * c.correlation,
-              c.ln_ratio.value, c.ln_ratio.uncertainty, c.ratio.value, c.ratio.uncertainty,
-              c.delta_ppl.value, c.delta_ppl.uncertainty, k.mean.value, k.mean.uncertainty, k.max]
-    values += [k.percentiles[p] for p in (99.9, 99.0, 95.0, 90.0)] + [k.median]
-    values += [k.percentiles[p] for p in (10.0, 5.0, 1.0, 0.1)] + [k.min]
-    values += [100 * dp.mean.value, 100 * dp.mean.uncertainty, 100 * dp.max]
-    values += [100 * dp.percentiles[p] for p in (99.9, 99.0, 95.0, 90.0, 75.0)] + [100 * dp.median]
-    values += [100 * dp.percentiles[p] for p in (25.0, 10.0, 5.0, 1.0, 0.1)] + [100 * dp.min]
-    values += [100 * c.rms_delta_p.value, 100 * c.rms_delta_p.uncertainty,
-               100 * c.same_top.value, 100 * c.same_top.uncertainty]
-    return LLAMA_FORMATS.replace("lf", "f") % tuple(values)
 
 
 def test_llama_cpp_format_byte_for_byte(pair):
@@ -348,9 +288,6 @@ def test_llama_cpp_arithmetic_against_its_c_code(llama_harness, name):
     labels = {w.split(":")[0] for w in want}
     got = [line for line in c.llama_cpp().splitlines() if line.split(":")[0] in labels]
     assert got == want
-
-
-X86_64 = __import__("platform").machine().lower() in ("x86_64", "amd64")
 
 
 @pytest.mark.skipif(not X86_64, reason="llama.cpp's -nan is x86-64's default NaN (other processors: nan)")

@@ -444,7 +444,7 @@ def test_version_and_help(capsys):
 
 def test_compare_format_llama_cpp(files, capsys):
     from lmmetrics.cli import main
-    from test_compare import llama_text
+    from helpers import llama_text
 
     d, z, r, t, tb = files
     args = ["compare", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "r.npy")]
@@ -459,7 +459,7 @@ def test_compare_format_llama_cpp_identical_models(files, capsys):
     """A model against itself: llama.cpp's RMS Δp uncertainty is 0.5 / 0
     times 0, which it prints as -nan (x86-64's default NaN; nan elsewhere)."""
     from lmmetrics.cli import main
-    from test_compare import X86_64
+    from helpers import X86_64
 
     d, z, r, t, tb = files
     assert main(["compare", str(d / "z.npy"), str(d / "t.npy"), "--reference", str(d / "z.npy"),
