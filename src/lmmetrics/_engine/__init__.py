@@ -9,7 +9,7 @@ that owns where the data lives: the native core for host buffers
 tensors (:mod:`lmmetrics._engine.cuda`). Lazy logits
 (:mod:`lmmetrics._engine.lazy`) go to :mod:`lmmetrics._engine.chunked`,
 which passes their chunks to the same backend. Data flows one way: no
-module of this package imports one above it (``tests/core/test_layers.py``).
+module of this package imports one above it (``tests/package/test_layers.py``).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ where they live: the Triton kernel or torch for CUDA tensors
 (:mod:`lmmetrics._engine.chunked`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from . import cuda, inputs, native
 from .request import RowResults, Want, allocate
@@ -16,16 +16,13 @@ def compute(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, 
             want: Want) -> RowResults:
     """One pass over plain logits (and reference logits) computing ``want``;
     ``ignore``, ``cap`` and ``threads`` as the checks return them."""
-    if inputs.is_cuda(logits) or inputs.is_cuda(reference):  # a GPU backend: Triton, else torch
-        c_lg = cuda.describe(logits)
-        c_ref = None if reference is None else cuda.describe(reference, "reference_logits")
-        out = allocate(c_lg, c_ref, targets, ignore, check_range=True, want=want)
-        if c_lg.n_rows:
-            cuda.compute(c_lg, c_ref, out, ignore, cap)
-        return out
-    lg = inputs.as_logits(logits)
-    ref = None if reference is None else inputs.as_logits(reference, "reference_logits")
-    out = allocate(lg, ref, targets, ignore, check_range=False, want=want)
-    if lg.n_rows:
+    gpu = inputs.is_cuda(logits) or inputs.is_cuda(reference)  # a GPU backend: Triton, else torch
+    describe: Callable[[Any, str], Any] = cuda.describe if gpu else inputs.as_logits
+    lg = describe(logits, "logits")
+    ref = None if reference is None else describe(reference, "reference_logits")
+    out = allocate(lg, ref, targets, ignore, check_range=gpu, want=want)
+    if lg.n_rows and gpu:
+        cuda.compute(lg, ref, out, ignore, cap)
+    elif lg.n_rows:
         native.compute(lg, ref, out, cap, threads)
     return out

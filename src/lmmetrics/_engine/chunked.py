@@ -2,7 +2,7 @@
 
 :func:`run_lazy` passes plain logits to the backends (:mod:`.backend`):
 the counted rows (every row without targets) in chunks whose logits fit the
-budget, each chunk computed (:meth:`lmmetrics._lazy.Projected.rows`), read
+budget, each chunk computed (:meth:`lmmetrics._engine.lazy.Projected.rows`), read
 and dropped. Where whole rows do not fit the budget 2048 at a time, a chunk
 is cut into tiles of rows x a vocabulary block, and the blocks' results are
 merged exactly in float64: each block's logsumexp is its largest logit

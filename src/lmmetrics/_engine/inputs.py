@@ -140,7 +140,7 @@ def row_chunks(z: Any, r: Any, step: int) -> Iterator[Tuple[slice, Any, Any]]:
 class DescribedLogits(Protocol):
     """What the engine reads of a described logits buffer, whichever path
     computes it: :class:`Logits` (the native core) and
-    :class:`lmmetrics._cuda.CudaLogits` (torch on a CUDA device)."""
+    :class:`lmmetrics._engine.cuda.CudaLogits` (torch on a CUDA device)."""
 
     @property
     def keep(self) -> Any:

@@ -42,7 +42,7 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
     return CudaLogits(x.detach(), dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
 
 
-# The Triton path (lmmetrics._triton): taken for CUDA tensors when triton
+# The Triton path (lmmetrics._engine.cuda.triton): taken for CUDA tensors when triton
 # imports (LMMETRICS_TRITON=0 turns it off); tests set _force_triton to
 # route CPU tensors through it under TRITON_INTERPRET=1.
 _force_triton = False
