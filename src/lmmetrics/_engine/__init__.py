@@ -46,7 +46,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
 
     ``logits`` and ``reference`` may be model outputs with ``.logits``;
     with ``shift`` they are aligned with the next target (:func:`shifted`)."""
-    want = want_of(**outputs)
+    want = want_of(outputs)
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)

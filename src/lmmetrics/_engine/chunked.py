@@ -241,7 +241,8 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
     # the NLL's digits away.) No NLL at the tile's targets: unread, and
     # on the device inf where a block's first column is -inf (a masked
     # token 0), which sent every row to the exact path.
-    kw = want_of(entropy="entropy" in want, argmax=True, kl="kl" in want, ref_nll=ref, top_logprob=True)
+    kw = want_of({"entropy": "entropy" in want, "argmax": True, "kl": "kl" in want, "ref_nll": ref,
+                  "top_logprob": True})
     dev = None if on_device is None else _cuda_device(logits, reference)
     xp: Any = np
     if dev is not None:

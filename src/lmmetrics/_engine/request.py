@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Literal, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Literal, Mapping, Optional, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -50,13 +50,26 @@ IndexOutput = Literal["argmax", "ref_argmax", "rank"]
 Want = FrozenSet[str]
 
 
-def want_of(**requests: bool) -> Want:
-    """The Want of ``run``'s keyword requests (``nll=True, rank=False``...):
+def want_of(requests: Mapping[str, bool]) -> Want:
+    """The Want of ``run``'s keyword requests (``{"nll": True, "rank": False}``...):
     TypeError for a name that is no request."""
+    key = tuple(requests.items())
+    try:
+        return _WANTS[key]  # (a few patterns of requests recur: the calls' fixed cost)
+    except KeyError:
+        pass
     unknown = sorted(set(requests) - set(REQUESTS))
     if unknown:
         raise TypeError(f"unknown output(s) {', '.join(unknown)}; a pass computes {', '.join(REQUESTS)}")
-    return frozenset(name for name, on in requests.items() if on)
+    want = _WANTS[key] = frozenset(name for name, on in requests.items() if on)
+    return want
+
+
+_WANTS: Dict[Tuple[Tuple[str, bool], ...], Want] = {}
+#: per output: its name, dtype, the request that asks for it, and whether
+#: it is the reference's (allocated only where there is a reference)
+_ALLOCATED = tuple((name, dtype, _OF_REFERENCE.get(name, name), name in _OF_REFERENCE)
+                   for name, dtype in _OUTPUT_DTYPES)
 
 
 @dataclass
@@ -150,12 +163,8 @@ def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, 
         tgt = None
     n = lg.n_rows
     out = RowResults(lg.lead_shape, lg.n_cols, lg.dtype, _device(lg.keep), tgt, ignore, n_counted=n)
-    for name, dtype in _OUTPUT_DTYPES:
-        if name in _OF_REFERENCE:
-            on = ref is not None and _OF_REFERENCE[name] in want
-        else:
-            on = name in want
-        if on:
+    for name, dtype, asked, of_reference in _ALLOCATED:
+        if asked in want and (ref is not None or not of_reference):
             setattr(out, name, np.empty(n, dtype))
     return out
 
