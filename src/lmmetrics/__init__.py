@@ -5,11 +5,11 @@ predictive entropy, top-1 accuracy, KL divergence and per-sequence
 log-likelihoods (lm-eval's multiple-choice ``loglikelihood``) from logits
 shaped (..., V) and integer targets, computed by a fused log-softmax + gather kernel
 (C, SIMD, OpenMP, GIL released) that agrees with a float64 reference; CUDA
-tensors are computed by torch on their device. :func:`evaluate` and
-:class:`Evaluator` give every metric from one read, :func:`compare` a model
-against a reference model. See :mod:`lmmetrics.convert` for unit conversions
-and :mod:`lmmetrics.probs` for measures over explicit probability vectors;
-:mod:`lmmetrics.torchmetrics` (imported on demand) holds torchmetrics
+tensors are computed by torch on their device. `evaluate` and
+`Evaluator` give every metric from one read, `compare` a model
+against a reference model. See `lmmetrics.convert` for unit conversions
+and `lmmetrics.probs` for measures over explicit probability vectors;
+`lmmetrics.torchmetrics` (imported on demand) holds torchmetrics
 ``Metric`` classes. These are metrics, not training losses: no gradient
 flows through them.
 """

@@ -1,12 +1,12 @@
 """The one path from the public functions to a computation.
 
-Every metric calls :func:`run`, which checks the arguments, takes model
+Every metric calls `run`, which checks the arguments, takes model
 outputs' ``.logits``, aligns unshifted inputs (``shift=True``), allocates
-the per-row outputs (:mod:`lmmetrics._request`) and hands the pass to the
+the per-row outputs (`lmmetrics._request`) and hands the pass to the
 backend that owns where the data lives: the native core for host buffers
-(:mod:`lmmetrics._native`), the Triton kernel or torch for CUDA tensors
-(:mod:`lmmetrics._cuda`). Lazy logits (:mod:`lmmetrics._lazy`) come back
-through :func:`run` a chunk at a time (:mod:`lmmetrics._chunked`). Data
+(`lmmetrics._native`), the Triton kernel or torch for CUDA tensors
+(`lmmetrics._cuda`). Lazy logits (`lmmetrics._lazy`) come back
+through `run` a chunk at a time (`lmmetrics._chunked`). Data
 flows one way: backends import nothing above them.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     anything when not asked.
 
     ``logits`` and ``reference`` may be model outputs with ``.logits``;
-    with ``shift`` they are aligned with the next target (:func:`shifted`)."""
+    with ``shift`` they are aligned with the next target (`shifted`)."""
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
     ignore = check_ignore_index(ignore_index)
@@ -83,7 +83,7 @@ def nll_total(logits: Any, targets: Any, *, ignore_index: Optional[int], shift: 
     targets of their leading shape, without softcap or shift: the native
     core's job from the compiled binding, with no per-row output allocated.
     None for any other call, and for one the core finds a bad row or target
-    in: the caller then takes :func:`run` (cross_entropy's fixed cost on one
+    in: the caller then takes `run` (cross_entropy's fixed cost on one
     row, 4 us, was mostly this layer). The options are checked as run()
     checks them."""
     if softcap is not None:

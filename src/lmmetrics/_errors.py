@@ -1,6 +1,6 @@
 """The exceptions for bad rows and targets, shared by the native core's path
-(:mod:`lmmetrics._engine`) and the CUDA path (:mod:`lmmetrics._cuda`), and
-those for bad command-line inputs (:class:`InputError`, :class:`FileError`)."""
+(`lmmetrics._engine`) and the CUDA path (`lmmetrics._cuda`), and
+those for bad command-line inputs (`InputError`, `FileError`)."""
 from __future__ import annotations
 
 from typing import Sequence, Tuple

@@ -1,11 +1,11 @@
 """Every metric from one read of the logits, in one call or streamed.
 
-:func:`evaluate` reads the logits once and returns :class:`Metrics`: the
+`evaluate` reads the logits once and returns `Metrics`: the
 NLL-based numbers (loss, perplexity, bits per token and per byte), top-1
 accuracy, mean predictive entropy and, given reference logits, the mean KL
-divergence and top-1 agreement. :class:`Evaluator` accumulates the same sums
+divergence and top-1 agreement. `Evaluator` accumulates the same sums
 batch by batch (float64), merges across workers and all-reduces across
-``torch.distributed`` ranks. :func:`evaluate_bpb` is a drop-in for
+``torch.distributed`` ranks. `evaluate_bpb` is a drop-in for
 nanochat's ``evaluate_bpb``.
 """
 from __future__ import annotations
@@ -31,12 +31,12 @@ from .ranking import _check_bins
 
 @dataclass(frozen=True)
 class Metrics:
-    """What :func:`evaluate` and :meth:`Evaluator.compute` report.
+    """What `evaluate` and `Evaluator.compute` report.
 
     A frozen dataclass. Means are over counted tokens (targets neither
     negative nor ``ignore_index``), nan when no token was counted; values in
     nats unless the name says bits. ``str()`` gives one line a field;
-    :meth:`as_dict` a plain dict.
+    `as_dict` a plain dict.
 
     Attributes
     ----------
@@ -107,7 +107,7 @@ class Metrics:
         (the number of logits above the target's, plus those equal to it at
         a lower index: ties go to the lowest index, so ``top_k_accuracy[1]``
         equals ``accuracy``) is below k; in
-        :meth:`as_dict` as ``top_<k>_accuracy``.
+        `as_dict` as ``top_<k>_accuracy``.
     mean_reciprocal_rank : float or None
         With ``top_k``: the mean of ``1 / (rank + 1)``.
     ece : float or None
@@ -219,7 +219,7 @@ _LATER = frozenset(f.name for f in fields(Metrics)[[f.name for f in fields(Metri
 @dataclass
 class _Sums:
     """An Evaluator's state: counts and float64 sums over everything seen,
-    in the order of :meth:`Evaluator.state_dict`."""
+    in the order of `Evaluator.state_dict`."""
 
     tokens: int = 0
     ignored: int = 0
@@ -260,21 +260,21 @@ def _sums(values: Mapping[str, float]) -> _Sums:
 
 
 class Evaluator:
-    """Streaming metrics: :meth:`update` per batch, :meth:`compute` at the end.
+    """Streaming metrics: `update` per batch, `compute` at the end.
 
     Each update reads its logits once (NLL, entropy, argmax and, with
     ``reference_logits``, KL in the same pass) and adds to float64 sums, so
     updating chunk by chunk gives the numbers of one call on everything.
     ``kl`` and ``same_top`` are over the counted tokens of updates given
     reference logits (None when there were none). The settings of the data,
-    fixed for a loop, are given here; :meth:`update` takes the batch only. No
+    fixed for a loop, are given here; `update` takes the batch only. No
     gradient flows: tensors are read detached.
 
     Parameters
     ----------
     token_bytes : array_like, torch.Tensor or None, default None
         ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
-        special tokens (:func:`lmmetrics.token_bytes` builds it from a
+        special tokens (`lmmetrics.token_bytes` builds it from a
         tokenizer); one entry per column of the logits. Gives ``bytes`` and
         ``bits_per_byte``.
     ignore_index : int or None, default -100
@@ -287,7 +287,7 @@ class Evaluator:
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -377,7 +377,7 @@ class Evaluator:
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
 
-        Nothing to check without ``token_bytes``; :meth:`update` checks each
+        Nothing to check without ``token_bytes``; `update` checks each
         batch the same way.
 
         Parameters
@@ -445,7 +445,7 @@ class Evaluator:
 
     def _update_rows(self, logits: Any, targets: Any, *, reference_logits: Any = None, document_ids: Any = None,
                     **more: bool) -> _engine.RowResults:
-        """:meth:`update`, returning the pass's per-row results (for the CLI's
+        """`update`, returning the pass's per-row results (for the CLI's
         per-token export); ``more`` asks the pass for further outputs."""
         ref = reference_logits is not None
         full = not self.nll_only
@@ -544,7 +544,7 @@ class Evaluator:
         Returns
         -------
         Metrics
-            As :func:`evaluate` would give over every batch at once.
+            As `evaluate` would give over every batch at once.
         """
         st = self._state
         n = st.tokens
@@ -683,7 +683,7 @@ class Evaluator:
         dict
             Counts (int) and float64 sums (float), and with ``document_ids``
             a ``"documents"`` entry (the ids and each document's sums, as
-            lists); :meth:`load_state_dict` takes it.
+            lists); `load_state_dict` takes it.
         """
         state: Dict[str, Any] = asdict(self._state)
         if self._docs is not None:
@@ -695,17 +695,17 @@ class Evaluator:
         return state
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Replace the sums by those of :meth:`state_dict`.
+        """Replace the sums by those of `state_dict`.
 
         Parameters
         ----------
         state : mapping
-            A :meth:`state_dict` (of this Evaluator or another one).
+            A `state_dict` (of this Evaluator or another one).
 
         Raises
         ------
         ValueError
-            A state that no :meth:`state_dict` of an Evaluator with these
+            A state that no `state_dict` of an Evaluator with these
             settings gives: a missing or unknown key; negative, fractional
             or non-numeric counts or sums; fractional or repeated document
             ids or lists of unequal lengths; documents, ranks or calibration
@@ -1077,7 +1077,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
              document_ids: Any = None, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
              softcap: Optional[float] = None, num_threads: Optional[int] = None,
              top_k: Union[None, int, Iterable[int]] = None, calibration_bins: Optional[int] = None) -> Metrics:
-    """Every metric of :class:`Metrics` from one read of the logits.
+    """Every metric of `Metrics` from one read of the logits.
 
     Parameters
     ----------
@@ -1091,7 +1091,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         (unshifted labels, one per logits position, with ``shift=True``).
     token_bytes : array_like, torch.Tensor or None, default None
         ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
-        special tokens (:func:`lmmetrics.token_bytes` builds it from a
+        special tokens (`lmmetrics.token_bytes` builds it from a
         tokenizer); one entry per column of the logits. Gives ``bytes`` and
         ``bits_per_byte``.
     reference_logits : array_like, torch.Tensor, model output or None, default None
@@ -1116,7 +1116,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -1126,7 +1126,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         (``OMP_NUM_THREADS``). The result does not depend on it.
     top_k : int, sequence of int or None, default None
         Also each target's rank, in the same pass: ``top_k_accuracy`` for
-        each k and ``mean_reciprocal_rank`` (see :class:`Evaluator`).
+        each k and ``mean_reciprocal_rank`` (see `Evaluator`).
     calibration_bins : int or None, default None
         Also ``ece`` and ``calibration`` over this many confidence bins (at
         most 100,000).
@@ -1206,7 +1206,7 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     Raises
     ------
     ValueError
-        As for :func:`lmmetrics.bits_per_byte`.
+        As for `lmmetrics.bits_per_byte`.
 
     Examples
     --------

@@ -1,12 +1,12 @@
 """lm-evaluation-harness's Hugging Face model with lazy logits:
-:class:`LazyHFLM`, registered with lm-eval as ``"hf-lmmetrics"`` when this
+`LazyHFLM`, registered with lm-eval as ``"hf-lmmetrics"`` when this
 module is imported.
 
 ``LazyHFLM`` is lm-eval's ``HFLM`` (``lm_eval.models.huggingface``) with one
 step changed: where ``HFLM._loglikelihood_tokens`` takes the model's
 ``(B, T, V)`` logits and their ``(B, T, V)`` log-softmax, it runs the model
-up to its output head (:func:`lmmetrics.model_logits`) and scores each
-continuation with :func:`lmmetrics.loglikelihood`, which applies the head
+up to its output head (`lmmetrics.model_logits`) and scores each
+continuation with `lmmetrics.loglikelihood`, which applies the head
 only at the positions a continuation token is scored at, a bounded chunk at
 a time. Everything else is ``HFLM``'s: arguments, tokenization, batching and
 sorting, left truncation, right padding, the one-token-continuation cache,
@@ -71,7 +71,7 @@ class LazyHFLM(HFLM):
     member of a group at the representative's leading positions).
 
     Seq2seq models, tensor-parallel heads, models split over devices and
-    models :func:`lmmetrics.model_logits` refuses (an adapter, hook or
+    models `lmmetrics.model_logits` refuses (an adapter, hook or
     quantized layer on the head, prompt tuning, an unknown output transform,
     an offloaded head) are computed by ``HFLM`` itself, after a one-line
     warning saying why.
@@ -165,7 +165,7 @@ class LazyHFLM(HFLM):
     def _loglikelihood_tokens(self, requests: List[_Request], disable_tqdm: bool = False,
                               override_bs: Optional[int] = None) -> List[Tuple[float, bool]]:
         """HFLM's: the requests sorted, batched and cached as there, each
-        continuation scored by :func:`lmmetrics.loglikelihood` on lazy logits."""
+        continuation scored by `lmmetrics.loglikelihood` on lazy logits."""
         plan = self._lazy_plan()
         if plan is None:
             out: List[Tuple[float, bool]] = super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)

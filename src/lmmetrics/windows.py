@@ -149,7 +149,7 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     materialize : bool, default True
         False never holds a batch's (B, L, V) logits: ``model`` (a Hugging
         Face causal LM) runs its body, and its head is applied a bounded
-        chunk of rows at a time (:func:`lmmetrics.model_logits`, checked
+        chunk of rows at a time (`lmmetrics.model_logits`, checked
         against the model's own forward on the first batch).
     progress : bool, default True
         A progress bar over the windows (tqdm, when installed, on a terminal
