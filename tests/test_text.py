@@ -295,3 +295,38 @@ def test_errors(model, tokenizer):
         lmmetrics.text_metrics(model, tokenizer, "the cat", bos="<s>")
     # a long text is read in windows
     assert lmmetrics.text_metrics(model, tokenizer, "the cat sat. " * 40, window=64).tokens > 64
+
+
+@pytest.mark.parametrize("window,stride", [(16, 16), (8, 3)])
+@pytest.mark.parametrize("bos", [True, False])
+def test_sliding_window_nll_token_bytes_gives_evaluates_bits_per_byte(model, tokenizer, window, stride, bos):
+    ids = ids_of(tokenizer, TEXTS[1])
+    seq = ([tokenizer.bos_token_id] if bos else []) + ids
+    table = lmmetrics.token_bytes(tokenizer, size=320)
+    prefix = seq[0] if bos else None
+    plain = lmmetrics.sliding_window_nll(model, torch.tensor(ids), max_length=window, stride=stride,
+                                         prefix_token=prefix)
+    nll, m = lmmetrics.sliding_window_nll(model, torch.tensor(ids), max_length=window, stride=stride,
+                                          prefix_token=prefix, token_bytes=table)
+    assert torch.equal(nll.isnan(), plain.isnan()) and torch.equal(nll.nan_to_num(), plain.nan_to_num())
+    want_nll, ent, ok = windowed_rows(model, seq, window, stride)
+    b = torch.from_numpy(table)[torch.tensor(seq[1:])]
+    check_metrics(m, want_nll, ent, ok, int(b.sum()), float(want_nll[b > 0].sum()))
+    assert m.ignored == (0 if bos else 1) == len(ids) - m.tokens
+    if bos:  # every byte of the text
+        assert m.bytes == len(TEXTS[1].encode())
+
+
+def test_sliding_window_nll_token_bytes_in_one_window_is_evaluate(model, tokenizer):
+    ids = torch.tensor([tokenizer.bos_token_id] + ids_of(tokenizer, TEXTS[0]))
+    table = lmmetrics.token_bytes(tokenizer, size=320)
+    _, m = lmmetrics.sliding_window_nll(model, ids, max_length=64, token_bytes=table)
+    with torch.no_grad():
+        want = lmmetrics.evaluate(model(ids[None]).logits, ids[None], token_bytes=table, shift=True)
+    assert (m.tokens, m.bytes) == (want.tokens, want.bytes)
+    for name in ("bits_per_byte", "loss", "entropy", "accuracy"):
+        assert getattr(m, name) == pytest.approx(getattr(want, name), rel=1e-6), name
+    assert m.stderr["bits_per_byte"] == pytest.approx(want.stderr["bits_per_byte"], rel=1e-5)
+    # without a token to score: no byte, bits per byte inf as evaluate's
+    nll, m = lmmetrics.sliding_window_nll(model, ids[:1], max_length=8, token_bytes=table)
+    assert nll.isnan().all() and (m.tokens, m.bytes, m.ignored) == (0, 0, 1) and m.bits_per_byte == math.inf

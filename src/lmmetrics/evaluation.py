@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _engine
 from ._inputs import as_index_array, as_table
@@ -304,7 +305,7 @@ def _sums(values: Mapping[str, float]) -> _Sums:
     return st
 
 
-def _ids_per_position(doc: Any, shape: Tuple[int, ...]) -> Any:
+def _ids_per_position(doc: npt.NDArray[np.integer[Any]], shape: Tuple[int, ...]) -> npt.NDArray[np.integer[Any]]:
     """document_ids as one id per position of targets shaped ``shape``, by
     the one rule that never guesses: exactly ``shape`` is one id per
     position; a 0-d id is one for all; for targets of two or more axes,
@@ -1226,12 +1227,12 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     ignored         0
     bytes           4
     nll_sum         0.916291
-    loss            0.458145 ± 0.24
-    perplexity      1.58114 [0.997553, 2.50613]
-    bits_per_token  0.660964 ± 0.34
-    bits_per_byte   0.330482 ± 0.33
-    accuracy        1 ± 0
-    entropy         0.839376 ± 0.2
+    loss            0.458145 ± 0.24 (se, tokens)
+    perplexity      1.58114 [0.997553, 2.50613] (95%, tokens)
+    bits_per_token  0.660964 ± 0.34 (se, tokens)
+    bits_per_byte   0.330482 ± 0.33 (se, tokens)
+    accuracy        1 ± 0 (se, tokens)
+    entropy         0.839376 ± 0.2 (se, tokens)
     >>> m.stderr["loss"]            # the sample standard deviation of the NLL over sqrt(2)
     0.2350...
     """

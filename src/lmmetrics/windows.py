@@ -255,6 +255,10 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     >>> nll = lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, prefix_token=0)
     >>> int((~nll.isnan()).sum()), round(float(nll.nanmean().exp()), 4)   # every token scored once
     (10, 16.0)
+    >>> nll, m = lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, prefix_token=0,
+    ...                                       token_bytes=torch.full((16,), 2))
+    >>> m.tokens, m.bytes, round(m.bits_per_byte, 6)              # 4 bits a token, 2 bytes a token
+    (10, 20, 2.0)
     """
     import torch
 
@@ -286,7 +290,8 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     made: List[torch.Tensor] = []  # the result, made once the first batch gives its dtype and device
 
     def scatter(batch: List[_Item], res: RowResults) -> None:
-        per_pos = _per_position(res.floats("nll"), res)  # token_nll's values
+        per_pos = _per_position(res.floats("nll"), res)  # token_nll's values: a tensor, as the logits are one
+        assert isinstance(per_pos, torch.Tensor)
         if not made:
             made.append(torch.full((T,), float("nan"), dtype=per_pos.dtype, device=per_pos.device))
         for r, (_, a, b, f, g) in enumerate(batch):
