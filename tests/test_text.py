@@ -330,3 +330,24 @@ def test_sliding_window_nll_token_bytes_in_one_window_is_evaluate(model, tokeniz
     # without a token to score: no byte, bits per byte inf as evaluate's
     nll, m = lmmetrics.sliding_window_nll(model, ids[:1], max_length=8, token_bytes=table)
     assert nll.isnan().all() and (m.tokens, m.bytes, m.ignored) == (0, 0, 1) and m.bits_per_byte == math.inf
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("window", [16, 64])
+def test_bos_true_is_lm_evals_rolling_loglikelihood_and_bits_per_byte(model, tokenizer, window):
+    """lm-eval's own HFLM.loglikelihood_rolling (its prefix token: BOS), with
+    a tokenizer that adds no special token, so that lm-eval scores the text's
+    own tokens after BOS: the summed NLL, and its bits_per_byte (the
+    log-likelihood over the document's UTF-8 bytes)."""
+    pytest.importorskip("accelerate")
+    huggingface = pytest.importorskip("lm_eval.models.huggingface")
+    from lm_eval.api.instance import Instance
+
+    text = TEXTS[0] * 3
+    lm = huggingface.HFLM(pretrained=model, tokenizer=tokenizer, max_length=window, batch_size=1, device="cpu")
+    assert lm.prefix_token_id == tokenizer.bos_token_id
+    assert tokenizer(text).input_ids == ids_of(tokenizer, text)  # lm-eval encodes what text_metrics does
+    (want,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
+    m = lmmetrics.text_metrics(model, tokenizer, text, window=window)
+    assert -m.nll_sum == pytest.approx(want, rel=1e-6)
+    assert m.bits_per_byte == pytest.approx(-want / len(text.encode()) / LN2, rel=1e-6)

@@ -230,9 +230,9 @@ def _check_context(model: Any, longest: int, window: Optional[int]) -> None:
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and longest > context:
         if window is None:
-            raise ValueError(f"a text is {longest} tokens long (with what comes before it), more than the model's "
-                             f"context ({context}, config.max_position_embeddings): give window= (at most "
-                             f"{context}) to read it in windows")
+            raise ValueError(f"a text needs a forward pass over {longest} tokens, more than the model's context "
+                             f"({context}, config.max_position_embeddings): give window= (at most {context}) to "
+                             f"read it in windows")
         raise ValueError(f"window ({window}) is longer than the model's context ({context}, "
                          f"config.max_position_embeddings)")
 

@@ -94,8 +94,8 @@ _Item = Tuple[int, int, int, int, int]
 
 
 def score_windows(model: Any, sequences: Sequence[torch.Tensor], items: List[_Item], ev: Evaluator, *,
-                  batch_size: int, materialize: bool, progress: bool, documents: bool,
-                  each: Optional[Callable[[List[_Item], RowResults], None]] = None, desc: str) -> None:
+                  batch_size: int, materialize: bool, progress: bool, documents: bool, desc: str,
+                  each: Optional[Callable[[List[_Item], RowResults], None]] = None) -> None:
     """Run the model on the windows ``items``, ``batch_size`` at a time
     (under ``torch.no_grad()``; a batch's shorter windows padded on the
     right, after every scored position, which a causal model's other
