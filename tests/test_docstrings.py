@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "ranking", "torchmetrics",
-           "transformers", "lm_eval"]
-OPTIONAL = ("torch", "tokenizers", "torchmetrics")
+MODULES = ["metrics", "evaluation", "comparison", "windows", "text", "tokens", "convert", "probs", "ranking",
+           "torchmetrics", "transformers", "lm_eval"]
+OPTIONAL = ("torch", "tokenizers", "transformers", "torchmetrics")
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 
@@ -37,7 +37,8 @@ def test_every_public_function_has_an_example():
     names = {p.id.rsplit(".", 1)[-1] for p in TESTS}
     for want in ["token_nll", "cross_entropy", "perplexity", "bits_per_token", "bits_per_byte",
                  "bits_per_character", "token_entropy", "token_kl", "kl_divergence", "loglikelihood",
-                 "evaluate", "Evaluator", "evaluate_bpb", "compare", "sliding_window_nll", "token_bytes"]:
+                 "evaluate", "Evaluator", "evaluate_bpb", "compare", "sliding_window_nll", "text_metrics",
+                 "token_bytes"]:
         assert want in names, want
 
 

@@ -24,6 +24,7 @@ from .documents import Documents
 from .evaluation import Evaluator, Metrics, evaluate, evaluate_bpb
 from .tokens import token_bytes
 from .windows import sliding_window_nll
+from .text import text_metrics
 from .metrics import (bits_per_byte, bits_per_character, bits_per_token, cross_entropy, kl_divergence,
                       loglikelihood, perplexity, token_entropy, token_kl, token_nll)
 from .ranking import (Calibration, calibration, expected_calibration_error, mean_reciprocal_rank, token_confidence,
@@ -36,7 +37,7 @@ __all__ = [
     "bits_per_byte", "bits_per_character", "token_entropy", "token_kl", "kl_divergence",
     "loglikelihood",
     "evaluate", "Evaluator", "Metrics", "Documents", "evaluate_bpb", "compare", "Comparison", "Estimate",
-    "Distribution", "set_cuda_chunk_bytes", "projected", "model_logits", "Projected", "sliding_window_nll", "token_bytes", "convert", "probs",
+    "Distribution", "set_cuda_chunk_bytes", "projected", "model_logits", "Projected", "sliding_window_nll", "text_metrics", "token_bytes", "convert", "probs",
     "token_rank", "top_k_accuracy", "mean_reciprocal_rank", "token_confidence", "expected_calibration_error",
     "calibration", "Calibration",
 ]

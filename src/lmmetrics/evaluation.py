@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _engine
 from ._inputs import as_index_array, as_table
@@ -29,14 +30,44 @@ from .ranking import Calibration, calibration_of
 from .ranking import _check_bins
 
 
+class StandardErrors(Dict[str, float]):
+    """``Metrics.stderr``: a dict of standard errors by name whose KeyError
+    says what it holds, and for a perplexity what to use instead."""
+
+    _where = "stderr"
+    #: a perplexity's mean loss and 95% interval, by name
+    _perplexities = {"perplexity": ("loss", "perplexity_interval"), "macro_perplexity": ("macro_loss", None)}
+
+    def __missing__(self, key: str) -> float:
+        if key in self._perplexities:
+            loss, iv = self._perplexities[key]
+            interval = iv or f"exp({loss} -/+ 1.96 {self._where}[{loss!r}])"
+            raise KeyError(f"{self._where} has no {key!r}: a perplexity is exp of a mean loss and its "
+                           f"uncertainty is not symmetric; use {interval} (95%), or the delta method's "
+                           f"standard error {key} * {self._where}[{loss!r}]")
+        raise KeyError(f"{self._where} has no {key!r}; it has {sorted(self)}")
+
+
+class DocumentStandardErrors(StandardErrors):
+    """``Metrics.stderr_documents``: as `StandardErrors`."""
+
+    _where = "stderr_documents"
+    _perplexities = {"perplexity": ("loss", "perplexity_interval_documents")}
+
+
 @dataclass(frozen=True)
 class Metrics:
     """What `evaluate` and `Evaluator.compute` report.
 
     A frozen dataclass. Means are over counted tokens (targets neither
     negative nor ``ignore_index``), nan when no token was counted; values in
-    nats unless the name says bits. ``str()`` gives one line a field;
-    `as_dict` a plain dict.
+    nats unless the name says bits. ``str()`` gives one line a field, each
+    mean with ``± <standard error>`` labelled by its units: ``(se, tokens)``
+    is ``stderr[name]`` with tokens taken as independent, ``(se,
+    documents)`` has documents as the units (``stderr_documents[name]`` for
+    a token mean, ``stderr[name]`` for a ``macro_*`` or ``mean_perplexity``);
+    the perplexity's 95% intervals are labelled the same way.
+    `as_dict` gives a plain dict.
 
     Attributes
     ----------
@@ -79,9 +110,14 @@ class Metrics:
         standard deviation of the counted tokens' NLL over the square root of
         their count), ``bits_per_token``, ``bits_per_byte`` (a ratio of sums:
         the delta method), ``accuracy``, ``entropy``, ``kl``, ``same_top``,
-        ``loss_diff``, and with ``document_ids`` each ``macro_*`` (the sample
-        standard deviation over documents over the square root of their
-        count). Tokens are taken as independent; nan below two tokens.
+        ``loss_diff``, and with ``document_ids`` each ``macro_*`` and
+        ``mean_perplexity`` (the sample standard deviation over documents
+        over the square root of their count). Tokens are taken as
+        independent; nan below two tokens. A perplexity has none (it is the
+        exponential of a mean, its uncertainty is not symmetric): the
+        KeyError for ``stderr["perplexity"]`` says to use
+        ``perplexity_interval``, or the delta method's ``perplexity *
+        stderr["loss"]``.
     perplexity_interval : tuple of float or None
         95% interval of the perplexity, ``exp(loss -/+ 1.96 stderr["loss"])``.
     documents : int or None
@@ -91,6 +127,15 @@ class Metrics:
         mean (``macro_perplexity = exp(macro_loss)``; ``macro_bits_per_byte``
         over documents with a byte, ``macro_kl`` over those with reference
         logits).
+    mean_perplexity : float or None
+        With ``document_ids``: the arithmetic mean over documents of each
+        document's perplexity ``exp(loss_d)``, the ``mean_perplexity`` of
+        Hugging Face ``evaluate``'s "perplexity" metric (a document is a
+        text there). ``macro_perplexity`` is their geometric mean
+        (``exp`` of the mean of the documents' losses), never above it: the
+        arithmetic mean weighs the hardest documents most, one text of
+        perplexity 1000 among ninety-nine of 10 moves it from 10 to 19.9
+        and ``macro_perplexity`` to 10.5.
     stderr_documents : dict
         With ``document_ids``: the standard errors of the token means
         (``loss``, ``bits_per_token``, ``bits_per_byte``, ``accuracy``,
@@ -131,17 +176,18 @@ class Metrics:
     same_top: Optional[float] = None  #: fraction whose argmax agrees with the reference's
     loss_ref: Optional[float] = None  #: the reference's mean NLL on the same tokens
     loss_diff: Optional[float] = None  #: mean NLL(model) - NLL(reference), paired
-    stderr: Mapping[str, float] = field(default_factory=dict)  #: standard error of each mean
+    stderr: Mapping[str, float] = field(default_factory=lambda: StandardErrors())  #: standard error of each mean
     perplexity_interval: Optional[Tuple[float, float]] = None  #: 95% interval
     documents: Optional[int] = None    #: documents with a counted token (with document_ids)
     macro_loss: Optional[float] = None
     macro_perplexity: Optional[float] = None
+    mean_perplexity: Optional[float] = None  #: mean over documents of exp(document loss) (HF evaluate's)
     macro_bits_per_token: Optional[float] = None
     macro_bits_per_byte: Optional[float] = None
     macro_accuracy: Optional[float] = None
     macro_entropy: Optional[float] = None
     macro_kl: Optional[float] = None
-    stderr_documents: Mapping[str, float] = field(default_factory=dict)  #: clustered by document
+    stderr_documents: Mapping[str, float] = field(default_factory=lambda: DocumentStandardErrors())  #: by document
     perplexity_interval_documents: Optional[Tuple[float, float]] = None
     per_document: Optional[Documents] = field(default=None, repr=False, compare=False)
     top_k_accuracy: Mapping[int, float] = field(default_factory=dict)  #: with top_k: k -> share with rank < k
@@ -200,14 +246,16 @@ class Metrics:
                 rows.append(f"{k:<{width}}{v}")
                 continue
             line = f"{k:<{width}}{v:.6g}"
-            for d, tag in ((self.stderr, ""), (self.stderr_documents, " (documents)")):
+            # a macro mean's standard error has documents as its units (it is a mean over them)
+            over = "documents" if k.startswith("macro_") or k == "mean_perplexity" else "tokens"
+            for d, units in ((self.stderr, over), (self.stderr_documents, "documents")):
                 if k in d and not math.isnan(d[k]):
-                    line += f" ± {d[k]:.2g}{tag}"
+                    line += f" ± {d[k]:.2g} (se, {units})"
             if k == "perplexity":
-                for iv, tag in ((self.perplexity_interval, ""),
-                                (self.perplexity_interval_documents, " (documents)")):
+                for iv, units in ((self.perplexity_interval, "tokens"),
+                                  (self.perplexity_interval_documents, "documents")):
                     if iv is not None and not math.isnan(iv[0]):
-                        line += f" [{iv[0]:.6g}, {iv[1]:.6g}]{tag}"
+                        line += f" [{iv[0]:.6g}, {iv[1]:.6g}] (95%, {units})"
             rows.append(line)
         return "\n".join(rows)
 
@@ -257,6 +305,22 @@ def _sums(values: Mapping[str, float]) -> _Sums:
     for k in _SUMS:
         setattr(st, k, float(values[k]))
     return st
+
+
+def _ids_per_position(doc: npt.NDArray[np.integer[Any]], shape: Tuple[int, ...]) -> npt.NDArray[np.integer[Any]]:
+    """document_ids as one id per position of targets shaped ``shape``, by
+    the one rule that never guesses: exactly ``shape`` is one id per
+    position; a 0-d id is one for all; for targets of two or more axes,
+    exactly ``shape[:1]`` is one id per sequence (first-axis index), repeated
+    along the others. Anything else is an error (a (T,) row is never
+    broadcast over the sequences, even where B == T)."""
+    if doc.shape == shape:
+        return doc
+    if doc.ndim == 0 or (len(shape) >= 2 and doc.shape == shape[:1]):
+        return np.broadcast_to(doc.reshape(doc.shape + (1,) * (len(shape) - doc.ndim)), shape)
+    per_sequence = f", one per sequence {shape[:1]}" if len(shape) >= 2 else ""
+    raise ValueError(f"document_ids shape {doc.shape} does not match the targets shape {shape}: give one id per "
+                     f"position {shape}{per_sequence} or one for all (a scalar)")
 
 
 class Evaluator:
@@ -423,20 +487,24 @@ class Evaluator:
             is taken over. Same shape as ``logits``; the dtype may differ (a
             float32 base against bfloat16 or float16 logits), each read in its
             own dtype. Gives ``kl``, ``same_top``, ``loss_ref`` and ``loss_diff``.
-        document_ids : array_like, torch.Tensor or None, default None
-            Integer document id of each position, shaped like ``targets``
-            (shifted with them under ``shift=True``: a position belongs to the
-            document of the token it predicts). Positions with one id form one
-            document, across batches too. Gives the ``macro_*`` means, the
-            clustered ``stderr_documents`` and ``per_document``. Every batch
-            of an Evaluator has them, or none.
+        document_ids : array_like, torch.Tensor, int or None, default None
+            Integer document ids: shaped like ``targets``, one per position
+            (shifted with them under ``shift=True``: a position belongs to
+            the document of the token it predicts); for targets (B, T, ...),
+            shaped (B,), one per sequence; or one int for the whole batch.
+            No other shape is taken: a (T,) row is never broadcast over the
+            sequences, even when B == T (it is one id per sequence then).
+            Positions with one id form one document, across batches too.
+            Gives the ``macro_*`` means, ``mean_perplexity``, the clustered
+            ``stderr_documents`` and ``per_document``. Every batch of an
+            Evaluator has them, or none.
 
         Raises
         ------
         ValueError
             A counted target >= V, targets whose shape does not match the logits',
             NaN in the logits of a counted position, a counted row that is all
-            -inf, ``document_ids`` of another shape than the targets (or given
+            -inf, ``document_ids`` of a shape other than those above (or given
             for some batches only), or an option out of range.
         TypeError
             Integer logits, float targets or float ``document_ids``.
@@ -481,10 +549,8 @@ class Evaluator:
             return None
         if seen and self._docs is None:
             raise ValueError("document_ids for some batches only: this Evaluator's earlier batches had none")
-        doc = as_index_array(document_ids, "document_ids")
-        shape = tuple(int(n) for n in getattr(targets, "shape", np.shape(targets)))
-        if doc.shape != shape:
-            raise ValueError(f"document_ids shape {doc.shape} does not match the targets shape {shape}")
+        doc = _ids_per_position(as_index_array(document_ids, "document_ids"),
+                                tuple(int(n) for n in getattr(targets, "shape", np.shape(targets))))
         if self.shift:
             doc = doc[..., 1:]
         if doc.dtype.kind == "u" and doc.size and int(doc.max()) > np.iinfo(np.int64).max:
@@ -552,7 +618,7 @@ class Evaluator:
         has_bytes = self._token_bytes_in is not None
         full = not self.nll_only
         kn = st.kl_tokens
-        se: Dict[str, float] = {"loss": mean_stderr(st.nll_sum, st.nll_sq, n)}
+        se: Dict[str, float] = StandardErrors(loss=mean_stderr(st.nll_sum, st.nll_sq, n))
         se["bits_per_token"] = se["loss"] / LN2
         if has_bytes:
             se["bits_per_byte"] = ratio_stderr(st.nll_sum_bytes, float(st.bytes), st.nll_sq_bytes,
@@ -601,7 +667,12 @@ class Evaluator:
         out["macro_bits_per_token"] = out["macro_loss"] / LN2
         se["macro_bits_per_token"] = se["macro_loss"] / LN2
         out["macro_perplexity"] = exp(out["macro_loss"]) if tokens.size else math.nan
-        clustered = {"loss": clustered_stderr(docs.column("nll_sum"), tokens)}
+        with np.errstate(over="ignore"):  # a document's perplexity past float64 is inf, as is then the mean
+            ppl = np.exp(per.loss)
+            ppl_sum, ppl_sq = float(np.sum(ppl)), float(np.dot(ppl, ppl))
+        out["mean_perplexity"] = ppl_sum / ppl.size if ppl.size else math.nan
+        se["mean_perplexity"] = mean_stderr(ppl_sum, ppl_sq, int(ppl.size))
+        clustered: Dict[str, float] = DocumentStandardErrors(loss=clustered_stderr(docs.column("nll_sum"), tokens))
         clustered["bits_per_token"] = clustered["loss"] / LN2
         if has_bytes:
             clustered["bits_per_byte"] = clustered_stderr(docs.column("nll_sum_bytes"), docs.column("bytes")) / LN2
@@ -1100,12 +1171,15 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         is taken over. Same shape as ``logits``; the dtype may differ (a
         float32 base against bfloat16 or float16 logits), each read in its
         own dtype. Gives ``kl``, ``same_top``, ``loss_ref`` and ``loss_diff``.
-    document_ids : array_like, torch.Tensor or None, default None
-        Integer document id of each position, shaped like ``targets``
-        (shifted with them under ``shift=True``). Gives the ``macro_*`` means
-        (the mean over documents of each document's mean), the standard
-        errors clustered by document (``stderr_documents``) and
-        ``per_document``.
+    document_ids : array_like, torch.Tensor, int or None, default None
+        Integer document ids: shaped like ``targets``, one per position
+        (shifted with them under ``shift=True``); for targets (B, T, ...),
+        shaped (B,), one per sequence; or one int for every position. No
+        other shape is taken: a (T,) row is never broadcast over the
+        sequences, even when B == T (it is one id per sequence then). Gives
+        the ``macro_*`` means (the mean over documents of each document's
+        mean), ``mean_perplexity``, the standard errors clustered by
+        document (``stderr_documents``) and ``per_document``.
     ignore_index : int or None, default -100
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
@@ -1156,12 +1230,12 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     ignored         0
     bytes           4
     nll_sum         0.916291
-    loss            0.458145 ± 0.24
-    perplexity      1.58114 [0.997553, 2.50613]
-    bits_per_token  0.660964 ± 0.34
-    bits_per_byte   0.330482 ± 0.33
-    accuracy        1 ± 0
-    entropy         0.839376 ± 0.2
+    loss            0.458145 ± 0.24 (se, tokens)
+    perplexity      1.58114 [0.997553, 2.50613] (95%, tokens)
+    bits_per_token  0.660964 ± 0.34 (se, tokens)
+    bits_per_byte   0.330482 ± 0.33 (se, tokens)
+    accuracy        1 ± 0 (se, tokens)
+    entropy         0.839376 ± 0.2 (se, tokens)
     >>> m.stderr["loss"]            # the sample standard deviation of the NLL over sqrt(2)
     0.2350...
     """
