@@ -35,7 +35,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 from tqdm import tqdm
 
-from ._lazy import _findings, _model_logits, model_logits
+from ._lazy import _findings, _model_logits, _Transform, model_logits
 from .metrics import loglikelihood
 
 try:  # lm-eval >= 0.4.10 keeps it in utils_hf; earlier versions in utils
@@ -89,11 +89,11 @@ class LazyHFLM(HFLM):
     # True while _detect_batch_size runs HFLM's probe through _model_call
     _lmmetrics_probing: bool = False
 
-    def _lazy_plan(self) -> Optional[Tuple[float, Optional[float], Any]]:
+    def _lazy_plan(self) -> Optional[_Transform]:
         """model_logits' findings for this model (checked once, on a probe of
         at most 8 tokens), or None after a warning when HFLM must compute."""
         if self._lmmetrics_plan is not _UNDECIDED:
-            plan: Optional[Tuple[float, Optional[float], Any]] = self._lmmetrics_plan
+            plan: Optional[_Transform] = self._lmmetrics_plan
             return plan
         why = self._refusal()
         plan = None
@@ -132,7 +132,7 @@ class LazyHFLM(HFLM):
         stack.enter_context(torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None))
         return stack
 
-    def _lazy_logits(self, inps: torch.Tensor, plan: Tuple[float, Optional[float], Any]) -> Any:
+    def _lazy_logits(self, inps: torch.Tensor, plan: _Transform) -> Any:
         """Lazy logits of the (B, T) batch: the forward up to the head."""
         with self._forward_context():
             return _model_logits(self.model, inps, None, False, 8, None, found=plan)
