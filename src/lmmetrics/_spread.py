@@ -1,7 +1,7 @@
 """Standard errors from sums kept in float64 (mergeable, all-reducible):
 of a mean over tokens, of a ratio of sums (bits per byte), of a mean over
 tokens clustered by document, and of a mean over documents. Pure functions
-of sums; :mod:`lmmetrics.evaluation` keeps the sums."""
+of sums; `lmmetrics.evaluation` keeps the sums."""
 from __future__ import annotations
 
 import math

@@ -88,7 +88,7 @@ class Distribution:
 
 @dataclass(frozen=True)
 class Comparison:
-    """What :func:`compare` returns; ``str()`` prints llama.cpp's tables.
+    """What `compare` returns; ``str()`` prints llama.cpp's tables.
 
     Attributes
     ----------
@@ -411,7 +411,7 @@ def compare(logits: Any, targets: Any, *, reference_logits: Any, ignore_index: O
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -458,7 +458,7 @@ def token_values(reference_logits: Any, logits: Any, targets: Any, *, ignore_ind
                  num_threads: Optional[int] = None, top_k: Optional[int] = None
                  ) -> Tuple[F64Array, F64Array, F64Array, BoolArray, Optional[BoolArray]]:
     """Per counted token, from one read of both logits, the values
-    :func:`comparison_from_tokens` takes (concatenate those of several chunks
+    `comparison_from_tokens` takes (concatenate those of several chunks
     first). With ``top_k``, the model's logits are read a second time for
     the rank of the reference's top-1 token among them.
 

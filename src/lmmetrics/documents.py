@@ -1,10 +1,10 @@
-"""Per-document sums and values: what :func:`lmmetrics.evaluate` and
-:class:`lmmetrics.Evaluator` keep when given ``document_ids``.
+"""Per-document sums and values: what `lmmetrics.evaluate` and
+`lmmetrics.Evaluator` keep when given ``document_ids``.
 
 A document is every position whose id is the same, wherever it falls in the
 batches; its sums (counted tokens, NLL, bytes, correct tokens, entropy, KL)
 are float64 and merge by adding, so a document split across batches,
-windows or workers is one document. :class:`Documents` holds each
+windows or workers is one document. `Documents` holds each
 document's values (numpy arrays in the order of ``ids``) and lm-eval's
 per-document aggregations (``weighted_perplexity``, ``bits_per_byte``).
 """
@@ -27,7 +27,7 @@ COUNTS = ("tokens", "bytes", "correct", "kl_tokens")
 
 
 class DocumentSums:
-    """Sums per document id (sorted ids, a float64 row of :data:`COLUMNS`
+    """Sums per document id (sorted ids, a float64 row of `COLUMNS`
     each); adding a batch or another DocumentSums adds the rows of equal ids."""
 
     def __init__(self, ids: Optional[I64Array] = None, sums: Optional[F64Array] = None) -> None:
@@ -66,7 +66,7 @@ class DocumentSums:
 
     @classmethod
     def from_state(cls, state: Any) -> DocumentSums:
-        """The inverse of :meth:`state`; ValueError when it is not one."""
+        """The inverse of `state`; ValueError when it is not one."""
         if not isinstance(state, Mapping) or set(state) != {"ids", *COLUMNS}:
             raise ValueError(f"Evaluator state: documents must be a mapping of ids and {list(COLUMNS)}")
         try:
@@ -113,8 +113,8 @@ class Documents:
     """Each document's values, numpy arrays in the order of ``ids``.
 
     Only documents with a counted token are listed. ``loglikelihood`` is lm-eval's per-document value (the summed
-    log-probability, ``-nll_sum``); :meth:`word_perplexity`,
-    :meth:`byte_perplexity` and :meth:`corpus_bits_per_byte` aggregate them as
+    log-probability, ``-nll_sum``); `word_perplexity`,
+    `byte_perplexity` and `corpus_bits_per_byte` aggregate them as
     lm-eval's ``weighted_perplexity`` and ``bits_per_byte`` do.
 
     Attributes

@@ -1,11 +1,11 @@
 """Every metric from one read of the logits, in one call or streamed.
 
-:func:`evaluate` reads the logits once and returns :class:`Metrics`: the
+`evaluate` reads the logits once and returns `Metrics`: the
 NLL-based numbers (loss, perplexity, bits per token and per byte), top-1
 accuracy, mean predictive entropy and, given reference logits, the mean KL
-divergence and top-1 agreement. :class:`Evaluator` accumulates the same sums
+divergence and top-1 agreement. `Evaluator` accumulates the same sums
 batch by batch (float64), merges across workers and all-reduces across
-``torch.distributed`` ranks. :func:`evaluate_bpb` is a drop-in for
+``torch.distributed`` ranks. `evaluate_bpb` is a drop-in for
 nanochat's ``evaluate_bpb``.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _engine
 from ._engine.inputs import as_index_array, as_table
@@ -29,14 +30,44 @@ from .ranking import Calibration, calibration_of
 from .ranking import _check_bins
 
 
+class StandardErrors(Dict[str, float]):
+    """``Metrics.stderr``: a dict of standard errors by name whose KeyError
+    says what it holds, and for a perplexity what to use instead."""
+
+    _where = "stderr"
+    #: a perplexity's mean loss and 95% interval, by name
+    _perplexities = {"perplexity": ("loss", "perplexity_interval"), "macro_perplexity": ("macro_loss", None)}
+
+    def __missing__(self, key: str) -> float:
+        if key in self._perplexities:
+            loss, iv = self._perplexities[key]
+            interval = iv or f"exp({loss} -/+ 1.96 {self._where}[{loss!r}])"
+            raise KeyError(f"{self._where} has no {key!r}: a perplexity is exp of a mean loss and its "
+                           f"uncertainty is not symmetric; use {interval} (95%), or the delta method's "
+                           f"standard error {key} * {self._where}[{loss!r}]")
+        raise KeyError(f"{self._where} has no {key!r}; it has {sorted(self)}")
+
+
+class DocumentStandardErrors(StandardErrors):
+    """``Metrics.stderr_documents``: as `StandardErrors`."""
+
+    _where = "stderr_documents"
+    _perplexities = {"perplexity": ("loss", "perplexity_interval_documents")}
+
+
 @dataclass(frozen=True)
 class Metrics:
-    """What :func:`evaluate` and :meth:`Evaluator.compute` report.
+    """What `evaluate` and `Evaluator.compute` report.
 
     A frozen dataclass. Means are over counted tokens (targets neither
     negative nor ``ignore_index``), nan when no token was counted; values in
-    nats unless the name says bits. ``str()`` gives one line a field;
-    :meth:`as_dict` a plain dict.
+    nats unless the name says bits. ``str()`` gives one line a field, each
+    mean with ``± <standard error>`` labelled by its units: ``(se, tokens)``
+    is ``stderr[name]`` with tokens taken as independent, ``(se,
+    documents)`` has documents as the units (``stderr_documents[name]`` for
+    a token mean, ``stderr[name]`` for a ``macro_*`` or ``mean_perplexity``);
+    the perplexity's 95% intervals are labelled the same way.
+    `as_dict` gives a plain dict.
 
     Attributes
     ----------
@@ -79,9 +110,14 @@ class Metrics:
         standard deviation of the counted tokens' NLL over the square root of
         their count), ``bits_per_token``, ``bits_per_byte`` (a ratio of sums:
         the delta method), ``accuracy``, ``entropy``, ``kl``, ``same_top``,
-        ``loss_diff``, and with ``document_ids`` each ``macro_*`` (the sample
-        standard deviation over documents over the square root of their
-        count). Tokens are taken as independent; nan below two tokens.
+        ``loss_diff``, and with ``document_ids`` each ``macro_*`` and
+        ``mean_perplexity`` (the sample standard deviation over documents
+        over the square root of their count). Tokens are taken as
+        independent; nan below two tokens. A perplexity has none (it is the
+        exponential of a mean, its uncertainty is not symmetric): the
+        KeyError for ``stderr["perplexity"]`` says to use
+        ``perplexity_interval``, or the delta method's ``perplexity *
+        stderr["loss"]``.
     perplexity_interval : tuple of float or None
         95% interval of the perplexity, ``exp(loss -/+ 1.96 stderr["loss"])``.
     documents : int or None
@@ -91,6 +127,15 @@ class Metrics:
         mean (``macro_perplexity = exp(macro_loss)``; ``macro_bits_per_byte``
         over documents with a byte, ``macro_kl`` over those with reference
         logits).
+    mean_perplexity : float or None
+        With ``document_ids``: the arithmetic mean over documents of each
+        document's perplexity ``exp(loss_d)``, the ``mean_perplexity`` of
+        Hugging Face ``evaluate``'s "perplexity" metric (a document is a
+        text there). ``macro_perplexity`` is their geometric mean
+        (``exp`` of the mean of the documents' losses), never above it: the
+        arithmetic mean weighs the hardest documents most, one text of
+        perplexity 1000 among ninety-nine of 10 moves it from 10 to 19.9
+        and ``macro_perplexity`` to 10.5.
     stderr_documents : dict
         With ``document_ids``: the standard errors of the token means
         (``loss``, ``bits_per_token``, ``bits_per_byte``, ``accuracy``,
@@ -107,7 +152,7 @@ class Metrics:
         (the number of logits above the target's, plus those equal to it at
         a lower index: ties go to the lowest index, so ``top_k_accuracy[1]``
         equals ``accuracy``) is below k; in
-        :meth:`as_dict` as ``top_<k>_accuracy``.
+        `as_dict` as ``top_<k>_accuracy``.
     mean_reciprocal_rank : float or None
         With ``top_k``: the mean of ``1 / (rank + 1)``.
     ece : float or None
@@ -131,17 +176,18 @@ class Metrics:
     same_top: Optional[float] = None  #: fraction whose argmax agrees with the reference's
     loss_ref: Optional[float] = None  #: the reference's mean NLL on the same tokens
     loss_diff: Optional[float] = None  #: mean NLL(model) - NLL(reference), paired
-    stderr: Mapping[str, float] = field(default_factory=dict)  #: standard error of each mean
+    stderr: Mapping[str, float] = field(default_factory=lambda: StandardErrors())  #: standard error of each mean
     perplexity_interval: Optional[Tuple[float, float]] = None  #: 95% interval
     documents: Optional[int] = None    #: documents with a counted token (with document_ids)
     macro_loss: Optional[float] = None
     macro_perplexity: Optional[float] = None
+    mean_perplexity: Optional[float] = None  #: mean over documents of exp(document loss) (HF evaluate's)
     macro_bits_per_token: Optional[float] = None
     macro_bits_per_byte: Optional[float] = None
     macro_accuracy: Optional[float] = None
     macro_entropy: Optional[float] = None
     macro_kl: Optional[float] = None
-    stderr_documents: Mapping[str, float] = field(default_factory=dict)  #: clustered by document
+    stderr_documents: Mapping[str, float] = field(default_factory=lambda: DocumentStandardErrors())  #: by document
     perplexity_interval_documents: Optional[Tuple[float, float]] = None
     per_document: Optional[Documents] = field(default=None, repr=False, compare=False)
     top_k_accuracy: Mapping[int, float] = field(default_factory=dict)  #: with top_k: k -> share with rank < k
@@ -200,14 +246,16 @@ class Metrics:
                 rows.append(f"{k:<{width}}{v}")
                 continue
             line = f"{k:<{width}}{v:.6g}"
-            for d, tag in ((self.stderr, ""), (self.stderr_documents, " (documents)")):
+            # a macro mean's standard error has documents as its units (it is a mean over them)
+            over = "documents" if k.startswith("macro_") or k == "mean_perplexity" else "tokens"
+            for d, units in ((self.stderr, over), (self.stderr_documents, "documents")):
                 if k in d and not math.isnan(d[k]):
-                    line += f" ± {d[k]:.2g}{tag}"
+                    line += f" ± {d[k]:.2g} (se, {units})"
             if k == "perplexity":
-                for iv, tag in ((self.perplexity_interval, ""),
-                                (self.perplexity_interval_documents, " (documents)")):
+                for iv, units in ((self.perplexity_interval, "tokens"),
+                                  (self.perplexity_interval_documents, "documents")):
                     if iv is not None and not math.isnan(iv[0]):
-                        line += f" [{iv[0]:.6g}, {iv[1]:.6g}]{tag}"
+                        line += f" [{iv[0]:.6g}, {iv[1]:.6g}] (95%, {units})"
             rows.append(line)
         return "\n".join(rows)
 
@@ -219,7 +267,7 @@ _LATER = frozenset(f.name for f in fields(Metrics)[[f.name for f in fields(Metri
 @dataclass
 class _Sums:
     """An Evaluator's state: counts and float64 sums over everything seen,
-    in the order of :meth:`Evaluator.state_dict`."""
+    in the order of `Evaluator.state_dict`."""
 
     tokens: int = 0
     ignored: int = 0
@@ -259,22 +307,38 @@ def _sums(values: Mapping[str, float]) -> _Sums:
     return st
 
 
+def _ids_per_position(doc: npt.NDArray[np.integer[Any]], shape: Tuple[int, ...]) -> npt.NDArray[np.integer[Any]]:
+    """document_ids as one id per position of targets shaped ``shape``, by
+    the one rule that never guesses: exactly ``shape`` is one id per
+    position; a 0-d id is one for all; for targets of two or more axes,
+    exactly ``shape[:1]`` is one id per sequence (first-axis index), repeated
+    along the others. Anything else is an error (a (T,) row is never
+    broadcast over the sequences, even where B == T)."""
+    if doc.shape == shape:
+        return doc
+    if doc.ndim == 0 or (len(shape) >= 2 and doc.shape == shape[:1]):
+        return np.broadcast_to(doc.reshape(doc.shape + (1,) * (len(shape) - doc.ndim)), shape)
+    per_sequence = f", one per sequence {shape[:1]}" if len(shape) >= 2 else ""
+    raise ValueError(f"document_ids shape {doc.shape} does not match the targets shape {shape}: give one id per "
+                     f"position {shape}{per_sequence} or one for all (a scalar)")
+
+
 class Evaluator:
-    """Streaming metrics: :meth:`update` per batch, :meth:`compute` at the end.
+    """Streaming metrics: `update` per batch, `compute` at the end.
 
     Each update reads its logits once (NLL, entropy, argmax and, with
     ``reference_logits``, KL in the same pass) and adds to float64 sums, so
     updating chunk by chunk gives the numbers of one call on everything.
     ``kl`` and ``same_top`` are over the counted tokens of updates given
     reference logits (None when there were none). The settings of the data,
-    fixed for a loop, are given here; :meth:`update` takes the batch only. No
+    fixed for a loop, are given here; `update` takes the batch only. No
     gradient flows: tensors are read detached.
 
     Parameters
     ----------
     token_bytes : array_like, torch.Tensor or None, default None
         ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
-        special tokens (:func:`lmmetrics.token_bytes` builds it from a
+        special tokens (`lmmetrics.token_bytes` builds it from a
         tokenizer); one entry per column of the logits. Gives ``bytes`` and
         ``bits_per_byte``.
     ignore_index : int or None, default -100
@@ -287,7 +351,7 @@ class Evaluator:
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -377,7 +441,7 @@ class Evaluator:
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
 
-        Nothing to check without ``token_bytes``; :meth:`update` checks each
+        Nothing to check without ``token_bytes``; `update` checks each
         batch the same way.
 
         Parameters
@@ -423,20 +487,24 @@ class Evaluator:
             is taken over. Same shape as ``logits``; the dtype may differ (a
             float32 base against bfloat16 or float16 logits), each read in its
             own dtype. Gives ``kl``, ``same_top``, ``loss_ref`` and ``loss_diff``.
-        document_ids : array_like, torch.Tensor or None, default None
-            Integer document id of each position, shaped like ``targets``
-            (shifted with them under ``shift=True``: a position belongs to the
-            document of the token it predicts). Positions with one id form one
-            document, across batches too. Gives the ``macro_*`` means, the
-            clustered ``stderr_documents`` and ``per_document``. Every batch
-            of an Evaluator has them, or none.
+        document_ids : array_like, torch.Tensor, int or None, default None
+            Integer document ids: shaped like ``targets``, one per position
+            (shifted with them under ``shift=True``: a position belongs to
+            the document of the token it predicts); for targets (B, T, ...),
+            shaped (B,), one per sequence; or one int for the whole batch.
+            No other shape is taken: a (T,) row is never broadcast over the
+            sequences, even when B == T (it is one id per sequence then).
+            Positions with one id form one document, across batches too.
+            Gives the ``macro_*`` means, ``mean_perplexity``, the clustered
+            ``stderr_documents`` and ``per_document``. Every batch of an
+            Evaluator has them, or none.
 
         Raises
         ------
         ValueError
             A counted target >= V, targets whose shape does not match the logits',
             NaN in the logits of a counted position, a counted row that is all
-            -inf, ``document_ids`` of another shape than the targets (or given
+            -inf, ``document_ids`` of a shape other than those above (or given
             for some batches only), or an option out of range.
         TypeError
             Integer logits, float targets or float ``document_ids``.
@@ -445,7 +513,7 @@ class Evaluator:
 
     def _update_rows(self, logits: Any, targets: Any, *, reference_logits: Any = None, document_ids: Any = None,
                     **more: bool) -> _engine.RowResults:
-        """:meth:`update`, returning the pass's per-row results (for the CLI's
+        """`update`, returning the pass's per-row results (for the CLI's
         per-token export); ``more`` asks the pass for further outputs."""
         ref = reference_logits is not None
         full = not self.nll_only
@@ -481,10 +549,8 @@ class Evaluator:
             return None
         if seen and self._docs is None:
             raise ValueError("document_ids for some batches only: this Evaluator's earlier batches had none")
-        doc = as_index_array(document_ids, "document_ids")
-        shape = tuple(int(n) for n in getattr(targets, "shape", np.shape(targets)))
-        if doc.shape != shape:
-            raise ValueError(f"document_ids shape {doc.shape} does not match the targets shape {shape}")
+        doc = _ids_per_position(as_index_array(document_ids, "document_ids"),
+                                tuple(int(n) for n in getattr(targets, "shape", np.shape(targets))))
         if self.shift:
             doc = doc[..., 1:]
         if doc.dtype.kind == "u" and doc.size and int(doc.max()) > np.iinfo(np.int64).max:
@@ -544,7 +610,7 @@ class Evaluator:
         Returns
         -------
         Metrics
-            As :func:`evaluate` would give over every batch at once.
+            As `evaluate` would give over every batch at once.
         """
         st = self._state
         n = st.tokens
@@ -552,7 +618,7 @@ class Evaluator:
         has_bytes = self._token_bytes_in is not None
         full = not self.nll_only
         kn = st.kl_tokens
-        se: Dict[str, float] = {"loss": mean_stderr(st.nll_sum, st.nll_sq, n)}
+        se: Dict[str, float] = StandardErrors(loss=mean_stderr(st.nll_sum, st.nll_sq, n))
         se["bits_per_token"] = se["loss"] / LN2
         if has_bytes:
             se["bits_per_byte"] = ratio_stderr(st.nll_sum_bytes, float(st.bytes), st.nll_sq_bytes,
@@ -601,7 +667,12 @@ class Evaluator:
         out["macro_bits_per_token"] = out["macro_loss"] / LN2
         se["macro_bits_per_token"] = se["macro_loss"] / LN2
         out["macro_perplexity"] = exp(out["macro_loss"]) if tokens.size else math.nan
-        clustered = {"loss": clustered_stderr(docs.column("nll_sum"), tokens)}
+        with np.errstate(over="ignore"):  # a document's perplexity past float64 is inf, as is then the mean
+            ppl = np.exp(per.loss)
+            ppl_sum, ppl_sq = float(np.sum(ppl)), float(np.dot(ppl, ppl))
+        out["mean_perplexity"] = ppl_sum / ppl.size if ppl.size else math.nan
+        se["mean_perplexity"] = mean_stderr(ppl_sum, ppl_sq, int(ppl.size))
+        clustered: Dict[str, float] = DocumentStandardErrors(loss=clustered_stderr(docs.column("nll_sum"), tokens))
         clustered["bits_per_token"] = clustered["loss"] / LN2
         if has_bytes:
             clustered["bits_per_byte"] = clustered_stderr(docs.column("nll_sum_bytes"), docs.column("bytes")) / LN2
@@ -683,7 +754,7 @@ class Evaluator:
         dict
             Counts (int) and float64 sums (float), and with ``document_ids``
             a ``"documents"`` entry (the ids and each document's sums, as
-            lists); :meth:`load_state_dict` takes it.
+            lists); `load_state_dict` takes it.
         """
         state: Dict[str, Any] = asdict(self._state)
         if self._docs is not None:
@@ -695,17 +766,17 @@ class Evaluator:
         return state
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Replace the sums by those of :meth:`state_dict`.
+        """Replace the sums by those of `state_dict`.
 
         Parameters
         ----------
         state : mapping
-            A :meth:`state_dict` (of this Evaluator or another one).
+            A `state_dict` (of this Evaluator or another one).
 
         Raises
         ------
         ValueError
-            A state that no :meth:`state_dict` of an Evaluator with these
+            A state that no `state_dict` of an Evaluator with these
             settings gives: a missing or unknown key; negative, fractional
             or non-numeric counts or sums; fractional or repeated document
             ids or lists of unequal lengths; documents, ranks or calibration
@@ -1077,7 +1148,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
              document_ids: Any = None, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
              softcap: Optional[float] = None, num_threads: Optional[int] = None,
              top_k: Union[None, int, Iterable[int]] = None, calibration_bins: Optional[int] = None) -> Metrics:
-    """Every metric of :class:`Metrics` from one read of the logits.
+    """Every metric of `Metrics` from one read of the logits.
 
     Parameters
     ----------
@@ -1091,7 +1162,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         (unshifted labels, one per logits position, with ``shift=True``).
     token_bytes : array_like, torch.Tensor or None, default None
         ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
-        special tokens (:func:`lmmetrics.token_bytes` builds it from a
+        special tokens (`lmmetrics.token_bytes` builds it from a
         tokenizer); one entry per column of the logits. Gives ``bytes`` and
         ``bits_per_byte``.
     reference_logits : array_like, torch.Tensor, model output or None, default None
@@ -1100,12 +1171,15 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         is taken over. Same shape as ``logits``; the dtype may differ (a
         float32 base against bfloat16 or float16 logits), each read in its
         own dtype. Gives ``kl``, ``same_top``, ``loss_ref`` and ``loss_diff``.
-    document_ids : array_like, torch.Tensor or None, default None
-        Integer document id of each position, shaped like ``targets``
-        (shifted with them under ``shift=True``). Gives the ``macro_*`` means
-        (the mean over documents of each document's mean), the standard
-        errors clustered by document (``stderr_documents``) and
-        ``per_document``.
+    document_ids : array_like, torch.Tensor, int or None, default None
+        Integer document ids: shaped like ``targets``, one per position
+        (shifted with them under ``shift=True``); for targets (B, T, ...),
+        shaped (B,), one per sequence; or one int for every position. No
+        other shape is taken: a (T,) row is never broadcast over the
+        sequences, even when B == T (it is one id per sequence then). Gives
+        the ``macro_*`` means (the mean over documents of each document's
+        mean), ``mean_perplexity``, the standard errors clustered by
+        document (``stderr_documents``) and ``per_document``.
     ignore_index : int or None, default -100
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
@@ -1116,7 +1190,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -1126,7 +1200,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
         (``OMP_NUM_THREADS``). The result does not depend on it.
     top_k : int, sequence of int or None, default None
         Also each target's rank, in the same pass: ``top_k_accuracy`` for
-        each k and ``mean_reciprocal_rank`` (see :class:`Evaluator`).
+        each k and ``mean_reciprocal_rank`` (see `Evaluator`).
     calibration_bins : int or None, default None
         Also ``ece`` and ``calibration`` over this many confidence bins (at
         most 100,000).
@@ -1156,12 +1230,12 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     ignored         0
     bytes           4
     nll_sum         0.916291
-    loss            0.458145 ± 0.24
-    perplexity      1.58114 [0.997553, 2.50613]
-    bits_per_token  0.660964 ± 0.34
-    bits_per_byte   0.330482 ± 0.33
-    accuracy        1 ± 0
-    entropy         0.839376 ± 0.2
+    loss            0.458145 ± 0.24 (se, tokens)
+    perplexity      1.58114 [0.997553, 2.50613] (95%, tokens)
+    bits_per_token  0.660964 ± 0.34 (se, tokens)
+    bits_per_byte   0.330482 ± 0.33 (se, tokens)
+    accuracy        1 ± 0 (se, tokens)
+    entropy         0.839376 ± 0.2 (se, tokens)
     >>> m.stderr["loss"]            # the sample standard deviation of the NLL over sqrt(2)
     0.2350...
     """
@@ -1206,7 +1280,7 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     Raises
     ------
     ValueError
-        As for :func:`lmmetrics.bits_per_byte`.
+        As for `lmmetrics.bits_per_byte`.
 
     Examples
     --------

@@ -1,12 +1,12 @@
 """lm-evaluation-harness's Hugging Face model with lazy logits:
-:class:`LazyHFLM`, registered with lm-eval as ``"hf-lmmetrics"`` when this
+`LazyHFLM`, registered with lm-eval as ``"hf-lmmetrics"`` when this
 module is imported.
 
 ``LazyHFLM`` is lm-eval's ``HFLM`` (``lm_eval.models.huggingface``) with one
 step changed: where ``HFLM._loglikelihood_tokens`` takes the model's
 ``(B, T, V)`` logits and their ``(B, T, V)`` log-softmax, it runs the model
-up to its output head (:func:`lmmetrics.model_logits`) and scores each
-continuation with :func:`lmmetrics.loglikelihood`, which applies the head
+up to its output head (`lmmetrics.model_logits`) and scores each
+continuation with `lmmetrics.loglikelihood`, which applies the head
 only at the positions a continuation token is scored at, a bounded chunk at
 a time. Everything else is ``HFLM``'s: arguments, tokenization, batching and
 sorting, left truncation, right padding, the one-token-continuation cache,
@@ -35,7 +35,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 from tqdm import tqdm
 
-from ._engine.lazy import _findings, _model_logits, model_logits
+from ._engine.lazy import _findings, _model_logits, _Transform, model_logits
 from .metrics import loglikelihood
 
 try:  # lm-eval >= 0.4.10 keeps it in utils_hf; earlier versions in utils
@@ -71,7 +71,7 @@ class LazyHFLM(HFLM):
     member of a group at the representative's leading positions).
 
     Seq2seq models, tensor-parallel heads, models split over devices and
-    models :func:`lmmetrics.model_logits` refuses (an adapter, hook or
+    models `lmmetrics.model_logits` refuses (an adapter, hook or
     quantized layer on the head, prompt tuning, an unknown output transform,
     an offloaded head) are computed by ``HFLM`` itself, after a one-line
     warning saying why.
@@ -89,11 +89,11 @@ class LazyHFLM(HFLM):
     # True while _detect_batch_size runs HFLM's probe through _model_call
     _lmmetrics_probing: bool = False
 
-    def _lazy_plan(self) -> Optional[Tuple[float, Optional[float], Any]]:
+    def _lazy_plan(self) -> Optional[_Transform]:
         """model_logits' findings for this model (checked once, on a probe of
         at most 8 tokens), or None after a warning when HFLM must compute."""
         if self._lmmetrics_plan is not _UNDECIDED:
-            plan: Optional[Tuple[float, Optional[float], Any]] = self._lmmetrics_plan
+            plan: Optional[_Transform] = self._lmmetrics_plan
             return plan
         why = self._refusal()
         plan = None
@@ -132,7 +132,7 @@ class LazyHFLM(HFLM):
         stack.enter_context(torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None))
         return stack
 
-    def _lazy_logits(self, inps: torch.Tensor, plan: Tuple[float, Optional[float], Any]) -> Any:
+    def _lazy_logits(self, inps: torch.Tensor, plan: _Transform) -> Any:
         """Lazy logits of the (B, T) batch: the forward up to the head."""
         with self._forward_context():
             return _model_logits(self.model, inps, None, False, 8, None, found=plan)
@@ -165,7 +165,7 @@ class LazyHFLM(HFLM):
     def _loglikelihood_tokens(self, requests: List[_Request], disable_tqdm: bool = False,
                               override_bs: Optional[int] = None) -> List[Tuple[float, bool]]:
         """HFLM's: the requests sorted, batched and cached as there, each
-        continuation scored by :func:`lmmetrics.loglikelihood` on lazy logits."""
+        continuation scored by `lmmetrics.loglikelihood` on lazy logits."""
         plan = self._lazy_plan()
         if plan is None:
             out: List[Tuple[float, bool]] = super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)

@@ -107,7 +107,7 @@ def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, 
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -189,7 +189,7 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
         (unshifted labels, one per logits position, with ``shift=True``).
     reduction : {"mean", "sum", "none"}, default "mean"
         ``"mean"`` averages over counted tokens (nan when none is counted),
-        ``"sum"`` adds them, ``"none"`` returns :func:`token_nll`.
+        ``"sum"`` adds them, ``"none"`` returns `token_nll`.
     ignore_index : int or None, default -100
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
@@ -200,7 +200,7 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -271,7 +271,7 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -330,7 +330,7 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -404,7 +404,7 @@ def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -1
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -430,7 +430,7 @@ def loglikelihood(logits: Any, targets: Any, *, ignore_index: Optional[int] = -1
     Raises
     ------
     ValueError
-        Logits without a time axis, or as for :func:`token_nll`.
+        Logits without a time axis, or as for `token_nll`.
     TypeError
         Integer logits or float targets.
 
@@ -495,7 +495,7 @@ def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: 
     token_bytes : array_like or torch.Tensor
         ``token_bytes[v]`` is the UTF-8 byte length of token ``v``, 0 for
         special tokens; one entry per column of the logits (V).
-        :func:`lmmetrics.token_bytes` builds it from a tokenizer.
+        `lmmetrics.token_bytes` builds it from a tokenizer.
     ignore_index : int or None, default -100
         Targets equal to it are not counted, nor is any negative target
         (torch's -100, nanochat's -1); ``None`` ignores negative targets
@@ -506,7 +506,7 @@ def bits_per_byte(logits: Any, targets: Any, token_bytes: Any, *, ignore_index: 
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -548,7 +548,7 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
     """Bits per character.
 
     Without ``token_chars`` the model is character-level and this equals
-    :func:`bits_per_token`. With ``token_chars[v]``, the number of characters
+    `bits_per_token`. With ``token_chars[v]``, the number of characters
     of token ``v``, it is ``sum NLL / (ln 2 * sum chars)`` over counted
     tokens (``N / T * ln(PPL) / ln 2`` for N tokens spelling T characters).
 
@@ -574,7 +574,7 @@ def bits_per_character(logits: Any, targets: Any, *, token_chars: Any = None,
         sequence's last position is dropped (a view, no copy). ``False``:
         the targets are aligned with the logits. None (not said) is False
         for arrays and tensors, and an error for a model output (``.logits``)
-        or :func:`lmmetrics.model_logits`, which come with unshifted ids.
+        or `lmmetrics.model_logits`, which come with unshifted ids.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in
@@ -768,7 +768,7 @@ def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str = "mean"
         own dtype.
     reduction : {"mean", "sum", "none"}, default "mean"
         ``"mean"`` per row, ``"sum"`` over rows (float64), ``"none"`` the
-        per-row values of :func:`token_kl`.
+        per-row values of `token_kl`.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit on the fly
         (Gemma, nanochat), to both buffers where there are two; a number in

@@ -13,8 +13,8 @@ The confidence of a position is the top token's probability,
 the first argmax is the target (the kernel's first-argmax rule), in
 equal-width bins over [0, 1].
 
-Options and inputs are those of :func:`lmmetrics.token_nll`: logits may be
-numpy arrays, torch tensors, model outputs or :func:`lmmetrics.projected`
+Options and inputs are those of `lmmetrics.token_nll`: logits may be
+numpy arrays, torch tensors, model outputs or `lmmetrics.projected`
 lazy logits; ``ignore_index``, ``shift``, ``softcap`` and ``num_threads``
 mean the same.
 """
@@ -71,14 +71,14 @@ def token_rank(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
     Parameters
     ----------
     logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
+        Logits shaped (..., V), as `lmmetrics.token_nll` takes them.
     targets : array_like or torch.Tensor
         Integer token ids shaped like the logits without their last axis.
     ignore_index : int or None, default -100
         Targets equal to it (and negative targets) are not counted.
     shift : bool or None, default None
         ``True`` for unshifted labels (position t scored against
-        ``targets[..., t + 1]``), as in :func:`lmmetrics.token_nll`.
+        ``targets[..., t + 1]``), as in `lmmetrics.token_nll`.
     softcap : float or None, default None
         Apply ``softcap * tanh(z / softcap)`` to every logit first.
     num_threads : int or None, default None
@@ -127,13 +127,13 @@ def top_k_accuracy(logits: Any, targets: Any, k: int = 5, *, ignore_index: Optio
     Parameters
     ----------
     logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
+        Logits shaped (..., V), as `lmmetrics.token_nll` takes them.
     targets : array_like or torch.Tensor
         Integer token ids shaped like the logits without their last axis.
     k : int, default 5
         How many of the largest logits count, in [1, V].
     ignore_index, shift, softcap, num_threads
-        As in :func:`token_rank`.
+        As in `token_rank`.
 
     Returns
     -------
@@ -143,7 +143,7 @@ def top_k_accuracy(logits: Any, targets: Any, k: int = 5, *, ignore_index: Optio
     Raises
     ------
     ValueError
-        ``k`` not an integer in [1, V], or what :func:`token_rank` raises.
+        ``k`` not an integer in [1, V], or what `token_rank` raises.
 
     Examples
     --------
@@ -168,11 +168,11 @@ def mean_reciprocal_rank(logits: Any, targets: Any, *, ignore_index: Optional[in
     Parameters
     ----------
     logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
+        Logits shaped (..., V), as `lmmetrics.token_nll` takes them.
     targets : array_like or torch.Tensor
         Integer token ids shaped like the logits without their last axis.
     ignore_index, shift, softcap, num_threads
-        As in :func:`token_rank`.
+        As in `token_rank`.
 
     Returns
     -------
@@ -182,7 +182,7 @@ def mean_reciprocal_rank(logits: Any, targets: Any, *, ignore_index: Optional[in
     Raises
     ------
     ValueError
-        What :func:`token_rank` raises.
+        What `token_rank` raises.
 
     Examples
     --------
@@ -214,12 +214,12 @@ def token_confidence(logits: Any, *, shift: Optional[bool] = None, softcap: Opti
     Parameters
     ----------
     logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
+        Logits shaped (..., V), as `lmmetrics.token_nll` takes them.
     shift : bool or None, default None
         ``True`` drops each sequence's last position (which predicts no
-        target), as :func:`lmmetrics.token_nll` does with ``shift=True``.
+        target), as `lmmetrics.token_nll` does with ``shift=True``.
     softcap, num_threads
-        As in :func:`token_rank`.
+        As in `token_rank`.
 
     Returns
     -------
@@ -254,8 +254,8 @@ class Calibration:
 
     Bin ``b`` holds confidences in ``[edges[b], edges[b + 1])``, the last
     bin ``[edges[-2], 1]``. The state is counts and float64 sums, so
-    results of batches merge exactly (:meth:`add`); build it from per-token
-    arrays with :meth:`from_arrays`.
+    results of batches merge exactly (`add`); build it from per-token
+    arrays with `from_arrays`.
 
     Examples
     --------
@@ -363,14 +363,14 @@ def calibration(logits: Any, targets: Any, bins: int = 15, *, ignore_index: Opti
     Parameters
     ----------
     logits : array_like, torch.Tensor, model output or Projected
-        Logits shaped (..., V), as :func:`lmmetrics.token_nll` takes them.
+        Logits shaped (..., V), as `lmmetrics.token_nll` takes them.
     targets : array_like or torch.Tensor
         Integer token ids shaped like the logits without their last axis.
     bins : int, default 15
         Equal-width bins over [0, 1], the last one closed; at most
         100,000 (each bin is stored, empty or not).
     ignore_index, shift, softcap, num_threads
-        As in :func:`token_rank`.
+        As in `token_rank`.
 
     Returns
     -------
@@ -382,7 +382,7 @@ def calibration(logits: Any, targets: Any, bins: int = 15, *, ignore_index: Opti
     TypeError
         ``bins`` not an integer, integer logits or float targets.
     ValueError
-        ``bins`` < 1 or above 100,000, or what :func:`token_rank` raises.
+        ``bins`` < 1 or above 100,000, or what `token_rank` raises.
 
     Examples
     --------
@@ -413,12 +413,12 @@ def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ign
     """Expected calibration error of the top token's probability.
 
     ``ECE = sum_b (n_b / n) |accuracy_b - confidence_b|`` over equal-width
-    bins of [0, 1] (the last one closed), as :func:`calibration` bins it.
+    bins of [0, 1] (the last one closed), as `calibration` bins it.
 
     Parameters
     ----------
     logits, targets, bins, ignore_index, shift, softcap, num_threads
-        As in :func:`calibration`.
+        As in `calibration`.
 
     Returns
     -------
@@ -428,7 +428,7 @@ def expected_calibration_error(logits: Any, targets: Any, bins: int = 15, *, ign
     Raises
     ------
     TypeError, ValueError
-        As :func:`calibration` raises them.
+        As `calibration` raises them.
 
     Examples
     --------

@@ -1,6 +1,6 @@
 """torchmetrics ``Metric`` classes over lmmetrics' kernel, for Lightning and
-other torchmetrics users: :class:`Perplexity`, :class:`BitsPerByte` and
-:class:`LanguageModelMetrics` (every field of :class:`lmmetrics.Metrics`).
+other torchmetrics users: `Perplexity`, `BitsPerByte` and
+`LanguageModelMetrics` (every field of `lmmetrics.Metrics`).
 
 They are real ``torchmetrics.Metric`` subclasses: ``update`` adds a batch,
 ``compute`` gives the value over everything seen (synced across
@@ -41,7 +41,7 @@ __all__ = ["LanguageModelMetrics", "Perplexity", "BitsPerByte"]
 
 
 class _EvaluatorMetric(Metric):
-    """A torchmetrics Metric over an :class:`lmmetrics.Evaluator`: its sums
+    """A torchmetrics Metric over an `lmmetrics.Evaluator`: its sums
     are the float64 states; subclasses say what ``compute`` reports."""
 
     is_differentiable = False
@@ -113,7 +113,7 @@ class _EvaluatorMetric(Metric):
 
 
 class LanguageModelMetrics(_EvaluatorMetric):
-    """Every metric of :func:`lmmetrics.evaluate`, streamed, as a torchmetrics ``Metric``.
+    """Every metric of `lmmetrics.evaluate`, streamed, as a torchmetrics ``Metric``.
 
     ``compute()`` returns a dict of float64 tensors (``loss``, ``perplexity``,
     ``bits_per_token``, ``accuracy``, ``entropy``, the counts, and
@@ -157,7 +157,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
         Put before every key of ``compute()`` and of the mapping
         (``prefix="val/"`` gives ``"val/perplexity"``, ...).
     fields : sequence of str, optional
-        The keys of :meth:`lmmetrics.Metrics.as_dict` the mapping holds (what
+        The keys of `lmmetrics.Metrics.as_dict` the mapping holds (what
         ``self.log_dict`` logs). Default: the twelve first fields that have a
         value without reference logits (``bytes`` and ``bits_per_byte`` only
         with ``token_bytes``); name ``kl``, ``same_top``, ``loss_ref``,
@@ -218,7 +218,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
         Returns
         -------
         dict of str to torch.Tensor
-            float64 scalars, one per field of :class:`lmmetrics.Metrics` that has
+            float64 scalars, one per field of `lmmetrics.Metrics` that has
             a value, each key led by ``prefix``.
         """
         return {self.prefix + k: self._value(v) for k, v in self._metrics().as_dict().items() if v is not None}
@@ -232,7 +232,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
         return self._named().keys()
 
     def values(self) -> ValuesView[Metric]:
-        """The one-value metric of each field, in the order of :meth:`keys`."""
+        """The one-value metric of each field, in the order of `keys`."""
         return self._named().values()
 
     def items(self) -> ItemsView[str, Metric]:
@@ -277,7 +277,7 @@ class LanguageModelMetrics(_EvaluatorMetric):
 
 
 class _Field(Metric):
-    """One field of a :class:`LanguageModelMetrics`, as a metric whose
+    """One field of a `LanguageModelMetrics`, as a metric whose
     ``compute()`` is a tensor (what Lightning logs): it holds no state of
     its own; ``compute`` reads the owner's (cached) result, ``reset`` resets
     the owner, and ``_forward_cache`` is the owner's last batch value, for
@@ -383,7 +383,7 @@ class Perplexity(_EvaluatorMetric):
 
 
 class BitsPerByte(_EvaluatorMetric):
-    """Bits per byte with nanochat's semantics (:func:`lmmetrics.bits_per_byte`),
+    """Bits per byte with nanochat's semantics (`lmmetrics.bits_per_byte`),
     as a torchmetrics ``Metric``.
 
     Tokens whose ``token_bytes`` entry is 0 (special tokens) leave both sums.

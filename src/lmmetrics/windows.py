@@ -5,14 +5,22 @@ models", and the longest context for every token."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union, overload
 
+import numpy as np
+
+from ._engine import RowResults
 from ._engine.checks import check_positive_int
 from ._engine.lazy import _findings, _model_logits
-from .metrics import token_nll
+from .evaluation import Evaluator, Metrics
+from .metrics import _per_position
 
 if TYPE_CHECKING:
     import torch
+
+    #: a token_bytes table as sliding_window_nll takes it (anything but None)
+    TokenBytes = Union[np.ndarray[Any, Any], torch.Tensor, Sequence[int]]
 
 CONVENTIONS = ("lm-eval", "hf-guide", "max-context")
 
@@ -80,11 +88,74 @@ def _max_context_windows(n: int, max_length: int, stride: int) -> List[_Window]:
 _WINDOWS = {"lm-eval": _lm_eval_windows, "hf-guide": _hf_guide_windows,
             "max-context": _max_context_windows}
 
+# A window of one of several sequences: (sequence, a, b, f, g), the model
+# reading sequences[sequence][a:b] and scoring its tokens f..g-1.
+_Item = Tuple[int, int, int, int, int]
+
+
+def score_windows(model: Any, sequences: Sequence[torch.Tensor], items: List[_Item], ev: Evaluator, *,
+                  batch_size: int, materialize: bool, progress: bool, documents: bool, desc: str,
+                  each: Optional[Callable[[List[_Item], RowResults], None]] = None) -> None:
+    """Run the model on the windows ``items``, ``batch_size`` at a time
+    (under ``torch.no_grad()``; a batch's shorter windows padded on the
+    right, after every scored position, which a causal model's other
+    positions do not see), and add each batch's scored tokens to ``ev``
+    (with ``documents``, each window's sequence index as its document id);
+    ``each(batch, results)`` gets the batch's per-row results, rows laid out
+    (window, position). ``materialize=False`` never holds a batch's logits:
+    `lmmetrics.model_logits`, checked against the model's forward on
+    the first batch only."""
+    import torch
+
+    on_cpu = [seq.to("cpu", torch.long) for seq in sequences]
+    found: Any = None
+    bar = _progress_bar(len(items), progress, desc)
+    with torch.no_grad(), bar if bar is not None else contextlib.nullcontext():
+        for s in range(0, len(items), batch_size):
+            batch = items[s:s + batch_size]
+            if bar is not None:
+                bar.update(len(batch))
+            width = max(b - a for _, a, b, _, _ in batch)
+            rows = []
+            for i, a, b, _, _ in batch:
+                w = sequences[i][a:b]
+                if b - a < width:  # right padding, after every scored position
+                    w = torch.cat([w, w[-1:].expand(width - (b - a))])
+                rows.append(w)
+            # (lazy: the first batch's check holds for the next ones)
+            logits: Any = (_returned_logits(model(torch.stack(rows))) if materialize
+                           else _model_logits(model, torch.stack(rows), None, True, 8, None, found=found))
+            found = found if materialize or found is not None else _findings(logits)
+            if len(logits.shape) != 3 or tuple(logits.shape[:2]) != (len(batch), width):
+                raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
+                                 f"windows of shape {(len(batch), width)}; expected (B, L, V)")
+            # targets laid out like the logits: window position j predicts seq[a + j + 1]
+            targets = torch.full((len(batch), width), -100, dtype=torch.long)
+            for r, (i, a, b, f, g) in enumerate(batch):
+                targets[r, f - a - 1:g - a - 1] = on_cpu[i][f:g]
+            doc = torch.tensor([item[0] for item in batch]) if documents else None  # one id a window
+            res = ev._update_rows(logits, targets.to(logits.device), document_ids=doc)
+            if each is not None:
+                each(batch, res)
+
+
+@overload
+def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = ...,
+                       convention: str = ..., prefix_token: Optional[int] = ..., batch_size: int = ...,
+                       num_threads: Optional[int] = ..., materialize: bool = ..., progress: bool = ...,
+                       token_bytes: None = ...) -> torch.Tensor: ...
+@overload
+def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = ...,
+                       convention: str = ..., prefix_token: Optional[int] = ..., batch_size: int = ...,
+                       num_threads: Optional[int] = ..., materialize: bool = ..., progress: bool = ...,
+                       token_bytes: TokenBytes) -> Tuple[torch.Tensor, Metrics]: ...
+
 
 def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: Optional[int] = None,
                        convention: str = "lm-eval", prefix_token: Optional[int] = None,
                        batch_size: int = 1, num_threads: Optional[int] = None,
-                       materialize: bool = True, progress: bool = True) -> torch.Tensor:
+                       materialize: bool = True, progress: bool = True,
+                       token_bytes: Optional[TokenBytes] = None) -> Union[torch.Tensor, Tuple[torch.Tensor, Metrics]]:
     """Per-token NLL (nats) of a long text scored by windows of at most
     ``max_length`` tokens.
 
@@ -149,15 +220,24 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     materialize : bool, default True
         False never holds a batch's (B, L, V) logits: ``model`` (a Hugging
         Face causal LM) runs its body, and its head is applied a bounded
-        chunk of rows at a time (:func:`lmmetrics.model_logits`, checked
+        chunk of rows at a time (`lmmetrics.model_logits`, checked
         against the model's own forward on the first batch).
     progress : bool, default True
         A progress bar over the windows (tqdm, when installed, on a terminal
         only); False turns it off.
+    token_bytes : array_like, torch.Tensor or None, default None
+        ``token_bytes[v]``, the UTF-8 bytes of token ``v`` (0 for special
+        tokens; `lmmetrics.token_bytes`). Given, the windows' scored
+        tokens also go through `lmmetrics.evaluate`'s sums in the same
+        pass, and the result is ``(nll, metrics)``: ``metrics.bits_per_byte``
+        is evaluate's (the scored tokens' float64 NLL over tokens with bytes,
+        over ``ln 2`` times their bytes), with every other field of
+        `lmmetrics.Metrics` over the scored tokens (``ignored``: the
+        tokens of ``input_ids`` not scored).
 
     Returns
     -------
-    torch.Tensor
+    torch.Tensor, or (torch.Tensor, Metrics) with ``token_bytes``
         Float, length T = ``len(input_ids)``, on the logits' device.
 
     Raises
@@ -175,6 +255,10 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     >>> nll = lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, prefix_token=0)
     >>> int((~nll.isnan()).sum()), round(float(nll.nanmean().exp()), 4)   # every token scored once
     (10, 16.0)
+    >>> nll, m = lmmetrics.sliding_window_nll(model, torch.arange(10), max_length=4, prefix_token=0,
+    ...                                       token_bytes=torch.full((16,), 2))
+    >>> m.tokens, m.bytes, round(m.bits_per_byte, 6)              # 4 bits a token, 2 bytes a token
+    (10, 20, 2.0)
     """
     import torch
 
@@ -200,43 +284,26 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         seq = ids
     shift = 0 if prefix_token is None else 1  # seq[k] is input_ids[k - shift]
     n, T = seq.shape[0], ids.shape[0]
-    windows = _WINDOWS[convention](n, max_length, stride)
-    seq_cpu = seq.to("cpu", torch.long)
+    windows = [(0, a, b, f, g) for a, b, f, g in _WINDOWS[convention](n, max_length, stride)]
+    # with token_bytes every metric, else the NLL alone (token_nll's pass)
+    ev = Evaluator(token_bytes=token_bytes, nll_only=token_bytes is None, shift=False, num_threads=num_threads)
+    made: List[torch.Tensor] = []  # the result, made once the first batch gives its dtype and device
 
-    out = None
-    found: Any = None
-    bar = _progress_bar(len(windows), progress)
-    with torch.no_grad(), bar if bar is not None else contextlib.nullcontext():
-        for s in range(0, len(windows), batch_size):
-            batch = windows[s:s + batch_size]
-            if bar is not None:
-                bar.update(len(batch))
-            width = max(b - a for a, b, _, _ in batch)
-            rows = []
-            for a, b, _, _ in batch:
-                w = seq[a:b]
-                if b - a < width:  # right padding, after every scored position
-                    w = torch.cat([w, w[-1:].expand(width - (b - a))])
-                rows.append(w)
-            # (lazy: the first batch's check holds for the next ones)
-            logits: Any = (_returned_logits(model(torch.stack(rows))) if materialize
-                           else _model_logits(model, torch.stack(rows), None, True, 8, None, found=found))
-            found = found if materialize or found is not None else _findings(logits)
-            if len(logits.shape) != 3 or tuple(logits.shape[:2]) != (len(batch), width):
-                raise ValueError(f"model returned logits of shape {tuple(logits.shape)} for "
-                                 f"windows of shape {(len(batch), width)}; expected (B, L, V)")
-            # targets laid out like the logits: window position j predicts seq[a + j + 1]
-            targets = torch.full((len(batch), width), -100, dtype=torch.long)
-            for i, (a, b, f, g) in enumerate(batch):
-                targets[i, f - a - 1:g - a - 1] = seq_cpu[f:g]
-            per_pos = token_nll(logits, targets.to(logits.device), shift=False, num_threads=num_threads)
-            if out is None:
-                out = torch.full((T,), float("nan"), dtype=per_pos.dtype, device=per_pos.device)
-            for i, (a, b, f, g) in enumerate(batch):
-                out[f - shift:g - shift] = per_pos[i, f - a - 1:g - a - 1]
-    if out is None:
-        return torch.full((T,), float("nan"), dtype=torch.float32)
-    return out
+    def scatter(batch: List[_Item], res: RowResults) -> None:
+        per_pos = _per_position(res.floats("nll"), res)  # token_nll's values: a tensor, as the logits are one
+        assert isinstance(per_pos, torch.Tensor)
+        if not made:
+            made.append(torch.full((T,), float("nan"), dtype=per_pos.dtype, device=per_pos.device))
+        for r, (_, a, b, f, g) in enumerate(batch):
+            made[0][f - shift:g - shift] = per_pos[r, f - a - 1:g - a - 1]
+
+    score_windows(model, [seq], windows, ev, batch_size=batch_size, materialize=materialize, progress=progress,
+                  documents=False, each=scatter, desc="sliding_window_nll")
+    out = made[0] if made else torch.full((T,), float("nan"), dtype=torch.float32)
+    if token_bytes is None:
+        return out
+    m = ev.compute()
+    return out, replace(m, ignored=T - m.tokens)
 
 
 def _returned_logits(res: Any) -> torch.Tensor:
@@ -255,7 +322,7 @@ def _returned_logits(res: Any) -> torch.Tensor:
                     f"or call it with return_dict=True)")
 
 
-def _progress_bar(total: int, progress: bool) -> Any:
+def _progress_bar(total: int, progress: bool, desc: str) -> Any:
     """A tqdm bar over ``total`` windows (shown on a terminal only), or None
     without tqdm or with progress=False."""
     if not progress or total < 2:
@@ -264,4 +331,4 @@ def _progress_bar(total: int, progress: bool) -> Any:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit="window", desc="sliding_window_nll", disable=None, leave=False)
+    return tqdm(total=total, unit="window", desc=desc, disable=None, leave=False)

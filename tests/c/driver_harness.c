@@ -1,4 +1,4 @@
-/* The driver on aarch64 (tests/test_neon_qemu.py, under qemu): lm_run's
+/* The driver on aarch64 (tests/core/test_neon_qemu.py, under qemu): lm_run's
  * float64 jobs on the NEON path against the same jobs on the portable
  * path, every per-row output and the totals, with targets, a reference and
  * a softcap or not; and the NEON path is the one chosen. Prints "ok

@@ -2,7 +2,7 @@
  * reference and against the portable (scalar) unit: random rows of many
  * lengths (tails included), every dtype the unit has and every flag set the
  * driver uses. Built for aarch64 and run under qemu by
- * tests/test_neon_qemu.py (the NEON unit, the default); any other unit by
+ * tests/core/test_neon_qemu.py (the NEON unit, the default); any other unit by
  * -DLM_TEST_UNIT=lm_unit_avx2 -DLM_HAVE_AVX2 (and its ISA flags).
  * Prints "ok <checks> checks, dtypes <the unit's>" and exits 0, or prints
  * each failure and exits 1. */

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-MODULES = ["metrics", "evaluation", "comparison", "windows", "tokens", "convert", "probs", "ranking", "torchmetrics",
-           "transformers", "lm_eval"]
-OPTIONAL = ("torch", "tokenizers", "torchmetrics")
+MODULES = ["metrics", "evaluation", "comparison", "windows", "text", "tokens", "convert", "probs", "ranking",
+           "torchmetrics", "transformers", "lm_eval"]
+OPTIONAL = ("torch", "tokenizers", "transformers", "torchmetrics")
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 
@@ -37,7 +37,8 @@ def test_every_public_function_has_an_example():
     names = {p.id.rsplit(".", 1)[-1] for p in TESTS}
     for want in ["token_nll", "cross_entropy", "perplexity", "bits_per_token", "bits_per_byte",
                  "bits_per_character", "token_entropy", "token_kl", "kl_divergence", "loglikelihood",
-                 "evaluate", "Evaluator", "evaluate_bpb", "compare", "sliding_window_nll", "token_bytes"]:
+                 "evaluate", "Evaluator", "evaluate_bpb", "compare", "sliding_window_nll", "text_metrics",
+                 "token_bytes"]:
         assert want in names, want
 
 
@@ -63,3 +64,39 @@ def test_help_of_torchmetrics_classes_shows_their_docs():
         text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
         assert "Initialize internal Module state" not in text
         assert "Parameters" in text and "Examples" in text
+
+
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|attr|mod|data|exc|obj|ref|const|term):`")
+
+
+def test_docstrings_use_no_sphinx_roles():
+    """The API pages render the docstrings with mkdocstrings, which shows a
+    Sphinx role (:func:`x`) as raw text: names are written in backticks."""
+    import pathlib
+
+    import lmmetrics
+
+    found = []
+    for path in sorted(pathlib.Path(lmmetrics.__file__).parent.rglob("*.py")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _SPHINX_ROLE.search(line):
+                found.append(f"{path.name}:{n}: {line.strip()}")
+    assert not found, "Sphinx roles in docstrings:\n" + "\n".join(found)
+
+
+def test_api_signatures_name_every_option():
+    """The API pages show the implementation's signature (mkdocs.yml:
+    show_overloads false), and it names every option: no **options."""
+    import inspect
+    import pathlib
+
+    import lmmetrics
+
+    mkdocs = pathlib.Path(__file__).resolve().parents[2] / "mkdocs.yml"
+    if mkdocs.exists():
+        assert re.search(r"^\s*show_overloads: false\s*$", mkdocs.read_text(encoding="utf-8"), re.M)
+    for name in lmmetrics.__all__:
+        obj = getattr(lmmetrics, name)
+        if inspect.isfunction(obj):
+            kinds = [p.kind for p in inspect.signature(obj).parameters.values()]
+            assert inspect.Parameter.VAR_KEYWORD not in kinds, name

@@ -43,7 +43,7 @@ VARIANTS = {
          "evaluate", "kl_divergence", "loglikelihood", "perplexity", "token_entropy", "token_kl", "token_nll",
          "torchmetrics.BitsPerByte", "torchmetrics.LanguageModelMetrics", "torchmetrics.Perplexity"],
         ["calibration", "mean_reciprocal_rank", "top_k_accuracy"], ["expected_calibration_error"],
-        ["sliding_window_nll"], ["token_confidence"], ["token_rank"]],
+        ["sliding_window_nll"], ["text_metrics"], ["token_confidence"], ["token_rank"]],
     "ignore_index": [
         ["Evaluator", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
          "evaluate", "loglikelihood", "perplexity", "token_nll"],

@@ -14,7 +14,7 @@ LAYERS = [
     ("command line", ["lmmetrics.__main__", "lmmetrics.cli", "lmmetrics.cli.*"]),
     ("public names", ["lmmetrics"]),
     ("integrations", ["lmmetrics.torchmetrics", "lmmetrics.transformers", "lmmetrics.lm_eval"]),
-    ("public modules", ["lmmetrics.evaluation", "lmmetrics.comparison", "lmmetrics.windows", "lmmetrics.ranking",
+    ("public modules", ["lmmetrics.text", "lmmetrics.evaluation", "lmmetrics.comparison", "lmmetrics.windows", "lmmetrics.ranking",
                         "lmmetrics.metrics", "lmmetrics.documents", "lmmetrics.tokens", "lmmetrics.convert",
                         "lmmetrics.probs", "lmmetrics._spread"]),
     ("engine: run", ["lmmetrics._engine"]),

@@ -1,13 +1,13 @@
 """The one path from the public functions to a computation.
 
-Every metric calls :func:`run`, which checks the arguments, takes model
+Every metric calls `run`, which checks the arguments, takes model
 outputs' ``.logits``, aligns unshifted inputs (``shift=True``) and hands
-the pass to :func:`lmmetrics._engine.backend.compute`, which allocates the
-per-row outputs (:mod:`lmmetrics._engine.request`) and calls the backend
+the pass to `lmmetrics._engine.backend.compute`, which allocates the
+per-row outputs (`lmmetrics._engine.request`) and calls the backend
 that owns where the data lives: the native core for host buffers
-(:mod:`lmmetrics._engine.native`), the Triton kernel or torch for CUDA
-tensors (:mod:`lmmetrics._engine.cuda`). Lazy logits
-(:mod:`lmmetrics._engine.lazy`) go to :mod:`lmmetrics._engine.chunked`,
+(`lmmetrics._engine.native`), the Triton kernel or torch for CUDA
+tensors (`lmmetrics._engine.cuda`). Lazy logits
+(`lmmetrics._engine.lazy`) go to `lmmetrics._engine.chunked`,
 which passes their chunks to the same backend. Data flows one way: no
 module of this package imports one above it (``tests/package/test_layers.py``).
 """
@@ -45,7 +45,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     anything when not asked.
 
     ``logits`` and ``reference`` may be model outputs with ``.logits``;
-    with ``shift`` they are aligned with the next target (:func:`shifted`)."""
+    with ``shift`` they are aligned with the next target (`shifted`)."""
     want = want_of(outputs)
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
@@ -70,7 +70,7 @@ def nll_total(logits: Any, targets: Any, *, ignore_index: Optional[int], shift: 
     targets of their leading shape, without softcap or shift: the native
     core's job from the compiled binding, with no per-row output allocated.
     None for any other call, and for one the core finds a bad row or target
-    in: the caller then takes :func:`run` (cross_entropy's fixed cost on one
+    in: the caller then takes `run` (cross_entropy's fixed cost on one
     row, 4 us, was mostly this layer). The options are checked as run()
     checks them."""
     if softcap is not None:

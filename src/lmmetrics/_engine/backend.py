@@ -1,9 +1,9 @@
 """Plain logits (arrays and tensors, no lazy ones) to the backend that owns
 where they live: the Triton kernel or torch for CUDA tensors
-(:mod:`lmmetrics._engine.cuda`), the native core for host buffers
-(:mod:`lmmetrics._engine.native`). Called with checked options by
-:func:`lmmetrics._engine.run` and, a chunk at a time, by the lazy-logits loop
-(:mod:`lmmetrics._engine.chunked`)."""
+(`lmmetrics._engine.cuda`), the native core for host buffers
+(`lmmetrics._engine.native`). Called with checked options by
+`lmmetrics._engine.run` and, a chunk at a time, by the lazy-logits loop
+(`lmmetrics._engine.chunked`)."""
 from __future__ import annotations
 
 from typing import Any, Callable

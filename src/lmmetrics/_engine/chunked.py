@@ -1,8 +1,8 @@
 """Lazy logits through the engine a bounded chunk at a time.
 
-:func:`run_lazy` passes plain logits to the backends (:mod:`.backend`):
+`run_lazy` passes plain logits to the backends (`.backend`):
 the counted rows (every row without targets) in chunks whose logits fit the
-budget, each chunk computed (:meth:`lmmetrics._engine.lazy.Projected.rows`), read
+budget, each chunk computed (`lmmetrics._engine.lazy.Projected.rows`), read
 and dropped. Where whole rows do not fit the budget 2048 at a time, a chunk
 is cut into tiles of rows x a vocabulary block, and the blocks' results are
 merged exactly in float64: each block's logsumexp is its largest logit
@@ -22,9 +22,9 @@ cannot certify (+inf logits, every block -inf: an error) are done again
 whole, one at a time. Ignored rows are never projected.
 
 On a CUDA device, chunks of whole rows go through the CUDA pass without
-waiting for it (:func:`lmmetrics._engine.cuda.launch`); their per-row results stay
+waiting for it (`lmmetrics._engine.cuda.launch`); their per-row results stay
 on the device and come to the host in one transfer once every chunk is
-launched (:func:`_settle`). So do tiles: each goes through the CUDA pass
+launched (`_settle`). So do tiles: each goes through the CUDA pass
 without waiting, the blocks' values (and the targets' logits, the rank's
 counts) stay on the device and are merged there in float64 by the same
 formulas as numpy's merge on the host (torch's ops, in the same order), into
@@ -139,7 +139,7 @@ def _lazy_rows(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array]
     """Rows sel, whole, through the backend; their results into out. CUDA
     logits, given on_device, go through the CUDA pass without waiting for
     the device: sel and the pass's results (on the device) join on_device,
-    for :func:`_settle` once every chunk is launched."""
+    for `_settle` once every chunk is launched."""
     z = _take_rows(logits, sel, lead)
     r = None if reference is None else _take_rows(reference, sel, lead)
     if on_device is not None and (_inputs.is_cuda(z) or _inputs.is_cuda(r)):
@@ -153,7 +153,7 @@ def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Want,
     """The CUDA pass over the logits z (and r) of some rows, targets t (or
     the targets on_device, a tensor there, every row counted), launched
     without waiting for the device: its result buffer
-    (:data:`lmmetrics._engine.cuda.layout.N_RESULTS` x rows, on the device)."""
+    (`lmmetrics._engine.cuda.layout.N_RESULTS` x rows, on the device)."""
 
     c_lg = _cuda.describe(z)
     c_ref = None if r is None else _cuda.describe(r, "reference_logits")
@@ -224,10 +224,10 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
     mass (`_run_tile`).
 
     CUDA logits, given on_device, go through the CUDA pass a tile at a time
-    without waiting for the device (:func:`_launch`): the blocks' values
+    without waiting for the device (`_launch`): the blocks' values
     stay there and are merged there, in float64 by the same formulas (torch
-    for numpy), into one result buffer (:data:`lmmetrics._engine.cuda.layout.N_RESULTS`
-    x rows) that joins on_device for :func:`_settle`; a row some block
+    for numpy), into one result buffer (`lmmetrics._engine.cuda.layout.N_RESULTS`
+    x rows) that joins on_device for `_settle`; a row some block
     cannot certify (flagged, a value not finite where its side has mass in
     the block, or its logsumexp not finite: `_tile_redo`) is flagged F_REDO there, and done again whole by the exact path after the one
     transfer (which names a bad row)."""

@@ -1,5 +1,5 @@
 """The exceptions for bad rows and targets, shared by the native core's path
-(:mod:`lmmetrics._engine.native`) and the CUDA path (:mod:`lmmetrics._engine.cuda`)."""
+(`lmmetrics._engine.native`) and the CUDA path (`lmmetrics._engine.cuda`)."""
 from __future__ import annotations
 
 from typing import Sequence, Tuple

@@ -139,8 +139,8 @@ def row_chunks(z: Any, r: Any, step: int) -> Iterator[Tuple[slice, Any, Any]]:
 
 class DescribedLogits(Protocol):
     """What the engine reads of a described logits buffer, whichever path
-    computes it: :class:`Logits` (the native core) and
-    :class:`lmmetrics._engine.cuda.CudaLogits` (torch on a CUDA device)."""
+    computes it: `Logits` (the native core) and
+    `lmmetrics._engine.cuda.CudaLogits` (torch on a CUDA device)."""
 
     @property
     def keep(self) -> Any:
@@ -166,7 +166,7 @@ class DescribedLogits(Protocol):
 @dataclass
 class Logits:
     """A logits buffer as the core sees it: rows of n_cols contiguous values
-    (a :class:`DescribedLogits`)."""
+    (a `DescribedLogits`)."""
 
     keep: Any  # the array or tensor that owns the memory
     ptr: int

@@ -1,11 +1,11 @@
 """Lazy logits: ``scale * (hidden @ weight.T + bias)`` (optionally
 soft-capped) standing in for the ``N x V`` logits, computed a bounded chunk
-of rows at a time by the engine (:func:`lmmetrics._engine.run`) and never
+of rows at a time by the engine (`lmmetrics._engine.run`) and never
 held whole.
 
-:class:`Projected` only describes the product and materializes chosen rows
-on request (:meth:`Projected.rows`): numpy hidden states with numpy's BLAS,
-torch tensors with torch's matmul on their device. :func:`model_logits`
+`Projected` only describes the product and materializes chosen rows
+on request (`Projected.rows`): numpy hidden states with numpy's BLAS,
+torch tensors with torch's matmul on their device. `model_logits`
 builds one from a Hugging Face causal LM and checks it against the model's
 own forward before it is used.
 """
@@ -49,7 +49,7 @@ def _dtype_name(x: Any) -> str:
 class Projected:
     """Logits ``scale * (hidden @ weight.T + bias)``, soft-capped to
     ``softcap * tanh(logits / softcap)`` when ``softcap`` is set, that are
-    never computed whole. Build one with :func:`lmmetrics.projected`.
+    never computed whole. Build one with `lmmetrics.projected`.
     ``divisor`` is set (``model_logits`` of a model that divides its logits
     by a factor, as Granite does) where the logits are divided by it, as the
     model does; ``scale`` is then its inverse."""
@@ -138,7 +138,7 @@ class Projected:
     @property
     def dtype(self) -> str:
         """The logits' dtype name: the matmul's result dtype (or the model's
-        logits' for :func:`model_logits`)."""
+        logits' for `model_logits`)."""
         if self.is_torch:
             return str(self._torch_dtype()).replace("torch.", "")
         return str(np.result_type(self.hidden, self.weight))
@@ -285,9 +285,9 @@ def projected(hidden: Any, weight: Any, bias: Any = None, scale: float = 1.0, so
     Returns
     -------
     Projected
-        Logits that every metric, :func:`lmmetrics.evaluate`,
-        :class:`lmmetrics.Evaluator`, :func:`lmmetrics.compare` and
-        :func:`lmmetrics.loglikelihood` take, also as ``reference_logits``.
+        Logits that every metric, `lmmetrics.evaluate`,
+        `lmmetrics.Evaluator`, `lmmetrics.compare` and
+        `lmmetrics.loglikelihood` take, also as ``reference_logits``.
 
     Examples
     --------
@@ -449,7 +449,7 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
         How many positions the check compares (a model with rules on the
         length, such as a chunk size, needs a length it accepts).
     chunk_bytes : int, optional
-        As :func:`projected`'s.
+        As `projected`'s.
 
     Returns
     -------
@@ -494,7 +494,7 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
 def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, check_positions: int,
                   chunk_bytes: Optional[int], found: Optional[_Transform] = None) -> Projected:
     """model_logits; found: what the check of an earlier call on the same
-    model found (:func:`_findings` of its lazy logits: factor, soft cap,
+    model found (`_findings` of its lazy logits: factor, soft cap,
     logits dtype), taken without a check (sliding windows check their
     first batch only)."""
     import torch

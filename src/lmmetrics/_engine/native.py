@@ -1,6 +1,6 @@
 """The native backend: the only caller of the compiled core (``_core.run``).
 
-:func:`compute` fills a :class:`~lmmetrics._engine.request.RowResults` from
+`compute` fills a `lmmetrics._engine.request.RowResults` from
 described host buffers (numpy arrays, torch CPU tensors) in one call of the
 core (GIL released, OpenMP inside), or a bounded chunk of rows at a time
 when the logits and the reference logits differ in dtype; a bad row or

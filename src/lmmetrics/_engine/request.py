@@ -1,6 +1,6 @@
 """What a pass computes and what it returns: the one list of per-row
-outputs (:data:`OUTPUTS`), :class:`RowResults` (numpy, float64 / int64, one
-value a row), and :func:`allocate`, which checks two buffers and the targets
+outputs (`OUTPUTS`), `RowResults` (numpy, float64 / int64, one
+value a row), and `allocate`, which checks two buffers and the targets
 against each other and allocates a pass's outputs. Every backend fills a
 RowResults; none imports the engine."""
 from __future__ import annotations
@@ -78,8 +78,8 @@ class RowResults:
 
     An output is None when the pass did not compute it (``run``'s flags say
     which are); the CUDA path fills the ones that are not None in place.
-    Consumers read them with :meth:`floats`, :meth:`indices` and
-    :attr:`target_ids`, which hold the arrays' types and say so when a
+    Consumers read them with `floats`, `indices` and
+    `target_ids`, which hold the arrays' types and say so when a
     pass lacks what they need."""
 
     lead_shape: Tuple[int, ...]    # the logits shape without the vocabulary axis

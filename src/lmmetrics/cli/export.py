@@ -44,14 +44,14 @@ def check_output(option: str, path: str, suffixes: Sequence[str], package: Optio
 
 
 def check_path(path: str) -> str:
-    """The format of a --per-token file by its suffix (see :func:`check_output`)."""
+    """The format of a --per-token file by its suffix (see `check_output`)."""
     parquet = os.path.splitext(path)[1].lower() == ".parquet"
     return check_output("--per-token", path, FORMATS, "pyarrow" if parquet else None)
 
 
 class TokenWriter:
     """Writes rows of the named columns (name, dtype) chunk by chunk;
-    :meth:`close` renames the finished file into place, :meth:`abort`
+    `close` renames the finished file into place, `abort`
     removes what was written."""
 
     def __init__(self, path: str, columns: Sequence[Tuple[str, Any]]) -> None:

@@ -5,7 +5,7 @@ is loaded with ``mmap=True`` (a legacy, non-zip ``.pt`` is read whole);
 
 Only regular files are opened (a FIFO or a device named ``x.npy`` would
 block or never end), and every problem with a file, down to a malformed
-safetensors header, is a :class:`FileError` with a one-line message."""
+safetensors header, is a `FileError` with a one-line message."""
 from __future__ import annotations
 
 import json
@@ -391,7 +391,7 @@ def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
 
 
 def load_named(path: str, role: str, key: Optional[str] = None) -> Tuple[str, Any]:
-    """:func:`load_array`'s array with its name in the file ("" for an
+    """`load_array`'s array with its name in the file ("" for an
     ``.npy`` or a ``.pt`` of a bare tensor)."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()

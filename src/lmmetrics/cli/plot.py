@@ -28,7 +28,7 @@ def check_path(path: str) -> None:
 def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.NDArray[np.float64],
          calibration: Optional[Any] = None, title: str = "") -> None:
     """Draw the per-position mean NLL (nats; positions with no counted token
-    left out) and, given a :class:`lmmetrics.ranking.Calibration` (``edges``,
+    left out) and, given a `lmmetrics.ranking.Calibration` (``edges``,
     ``confidence``, ``accuracy``, ``counts``, ``ece``), the reliability
     diagram. With no counted token at all both panels are drawn empty,
     titled so."""

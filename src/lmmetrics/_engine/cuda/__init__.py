@@ -1,8 +1,8 @@
-"""CUDA tensors: the choice between the Triton kernel (:mod:`.triton`) and
-torch (:mod:`.torch_path`), a pass's per-row results kept on the device
-(:func:`launch`) until one transfer (:func:`settle`), and the rows the fast
-paths cannot certify done again by the exact path (:func:`exact_rows`). The
-buffer both write is described once, in :mod:`.layout`."""
+"""CUDA tensors: the choice between the Triton kernel (`.triton`) and
+torch (`.torch_path`), a pass's per-row results kept on the device
+(`launch`) until one transfer (`settle`), and the rows the fast
+paths cannot certify done again by the exact path (`exact_rows`). The
+buffer both write is described once, in `.layout`."""
 from __future__ import annotations
 
 import math
@@ -64,8 +64,8 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
     """Fill out's per-row arrays (numpy, on the host), its counted rows and
-    its NLL sum from the CUDA tensors: the pass launched (:func:`launch`),
-    its results brought to the host once (:func:`settle`), the rows it
+    its NLL sum from the CUDA tensors: the pass launched (`launch`),
+    its results brought to the host once (`settle`), the rows it
     could not certify done again by the exact path."""
     res, tgt_all = launch(lg, ref, out, cap)
     slow = settle(res, out, None, lg.lead_shape)

@@ -1,8 +1,8 @@
 """The GPU result buffer's contract, the one home of what the CUDA path, the
 Triton kernel and the lazy-logits loop share: the descriptor of a CUDA
-logits tensor (:class:`CudaLogits`), the buffer's rows (:data:`RES_FLAGS`,
-then the outputs in ``OUTPUTS``' order: :func:`row`), the flag bits, and the
-chunk setting (:func:`set_cuda_chunk_bytes`). A leaf: it imports nothing of
+logits tensor (`CudaLogits`), the buffer's rows (`RES_FLAGS`,
+then the outputs in ``OUTPUTS``' order: `row`), the flag bits, and the
+chunk setting (`set_cuda_chunk_bytes`). A leaf: it imports nothing of
 the CUDA path."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _chunk_bytes = _DEFAULT_CHUNK_BYTES
 
 
 def chunk_bytes() -> int:
-    """The current bound on extra GPU memory (:func:`set_cuda_chunk_bytes`)."""
+    """The current bound on extra GPU memory (`set_cuda_chunk_bytes`)."""
     return _chunk_bytes
 
 

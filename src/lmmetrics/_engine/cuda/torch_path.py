@@ -1,13 +1,13 @@
 """CUDA tensors: the same per-row quantities as the native core, computed by
 torch on the tensor's device, a bounded chunk of rows at a time.
 
-:func:`lmmetrics._engine.run` validates and allocates as for CPU input, then
-calls :func:`compute` here instead of the native core. Each chunk goes
+`lmmetrics._engine.run` validates and allocates as for CPU input, then
+calls `compute` here instead of the native core. Each chunk goes
 through one fused ``log_softmax`` into float32 (float64 stays float64) and
 is reduced to per-row values, written into one float64 buffer on the
-device allocated for the pass (:data:`N_RESULTS` values a row): no chunk
+device allocated for the pass (`N_RESULTS` values a row): no chunk
 waits for the device. The values asked for cross to the host once, when the
-pass ends (:func:`settle`), where the sums are taken in float64. A chunk
+pass ends (`settle`), where the sums are taken in float64. A chunk
 where a counted row's value is not finite is done again, after that
 transfer, by the exact path (logsumexp per side, in float64). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
@@ -99,7 +99,7 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
     log-probabilities (one fused log_softmax a side); a chunk where a
     counted row's value is not finite (NaN, an all -inf row, +inf logits,
     or a target at -inf) has its counted rows flagged F_REDO, done again
-    by the exact path after the pass (:func:`compute`), which shares +inf
+    by the exact path after the pass (`compute`), which shares +inf
     mass and names the bad row. The values certify a side's rows when one
     of them is that side's NLL, entropy or KL (a row's NaN or +inf reaches
     all of them); argmax alone certifies nothing and takes the exact path
@@ -148,7 +148,7 @@ def _chunk(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch.Tenso
 
 def _fast(out: RowResults, has_ref: bool) -> bool:
     """Whether the fast path's values certify the rows of a pass asking for
-    out's outputs (see :func:`_chunk`)."""
+    out's outputs (see `_chunk`)."""
     return ((out.nll is not None or out.entropy is not None or out.top_logprob is not None)
             and (not has_ref or out.ref_nll is not None or out.kl is not None))
 
@@ -247,7 +247,7 @@ def _chunk_exact(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch
                  out: RowResults, res: torch.Tensor, cap: float) -> None:
     """One chunk by the exact path into res (its columns): the outputs out
     asks for, and the flags of the counted rows that are errors (NaN, all
-    -inf), which :func:`_check_rows` raises for once the flags are on the
+    -inf), which `_check_rows` raises for once the flags are on the
     host."""
     import torch
 

@@ -18,13 +18,13 @@ temporary.
 Ignored rows (target negative or ``ignore_index``) are not read. Rows that
 hold +inf, or whose KL cross term is beyond float range (the model masks
 where the reference does not), are done again by the exact torch path of
-:mod:`lmmetrics._engine.cuda`; NaN and all -inf rows among the counted ones raise
+`lmmetrics._engine.cuda`; NaN and all -inf rows among the counted ones raise
 the native core's errors, naming the first bad row. The per-row values go
-into the pass's buffer on the device (:data:`lmmetrics._engine.cuda.layout.N_RESULTS`
-values a row), which :mod:`lmmetrics._engine.cuda` brings to the host once when the
+into the pass's buffer on the device (`lmmetrics._engine.cuda.layout.N_RESULTS`
+values a row), which `lmmetrics._engine.cuda` brings to the host once when the
 pass ends: no launch waits for the device. float64 logits keep the
 torch path, and so does a request for the rank (the logits above the
-target's and those tied with it before it: :func:`usable` says no; the top token's log-probability, -log S
+target's and those tied with it before it: `usable` says no; the top token's log-probability, -log S
 against the row's max, comes from the merge).
 """
 from __future__ import annotations

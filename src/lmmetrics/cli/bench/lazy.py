@@ -19,7 +19,7 @@ Every variant takes the same seeded hidden states and head:
 
 On the CPU each variant runs in a fresh process and peak memory is the RSS
 above the process's memory once its inputs exist. On a CUDA device
-(:func:`bench_lazy_device`) the variants run in one process, each warmed up
+(`bench_lazy_device`) the variants run in one process, each warmed up
 first (compiles), timed to the device's end, with the peak GPU memory above
 the inputs; there ``materialized`` gives the 16-bit logits to
 ``F.cross_entropy`` as they are (it accumulates in float32 on the device).
@@ -148,7 +148,7 @@ def bench_lazy_device(device: Any, tokens: int = 8192, hidden: int = 2048, vocab
     """The table on a torch device (CUDA; a CPU device takes the same steps,
     for tests): the variants in this process, each warmed up, best of
     ``repeat`` timed to the device's end, peak GPU memory above the inputs
-    (none off CUDA). Returns as :func:`bench_lazy`."""
+    (none off CUDA). Returns as `bench_lazy`."""
     import torch
 
     from .cuda import _timer
