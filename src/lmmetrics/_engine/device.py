@@ -1,4 +1,4 @@
-"""Host arrays onto a torch device without waiting for it.
+"""Host arrays onto a torch device without waiting for it, and `is_torch`.
 
 A plain ``torch.from_numpy(a).to(cuda)`` is a blocking copy: torch waits
 for the device's stream to finish all the work queued before it (it cannot
@@ -10,6 +10,7 @@ a kernel and the host goes on.
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,3 +28,9 @@ def to_device(a: Any, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def is_torch(x: Any) -> bool:
+    """True for a torch.Tensor, without importing torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)

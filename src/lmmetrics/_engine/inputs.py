@@ -8,7 +8,6 @@ Only the vocabulary axis must be contiguous; the leading axes may be strided
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
@@ -16,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
+from .device import is_torch as is_torch
 from .errors import target_error
 from .lazy import Projected
 from .types import I64Array
@@ -34,12 +34,6 @@ def _dtype_name(dt: np.dtype[Any]) -> str:
         if name == "bfloat16" and dt.isnative:  # as_logits' fast path trusts _NAMES' byte order
             _NAMES[dt] = name
     return name
-
-
-def is_torch(x: Any) -> bool:
-    """True for a torch.Tensor, without importing torch."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def is_cuda(x: Any) -> bool:

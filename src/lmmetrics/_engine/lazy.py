@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 import numpy as np
 
 from .checks import check_positive_int, check_softcap
-from .device import to_device
+from .device import is_torch, to_device
 
 if TYPE_CHECKING:
     import torch
@@ -33,13 +33,6 @@ _NO_FACTOR: _Factor = (1.0, False)
 # What model_logits' check finds: the factor, the soft cap, the logits'
 # dtype where the model changes it after the head (None: the head's)
 _Transform = Tuple[_Factor, Optional[float], Any]
-
-
-def _is_torch(x: Any) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _dtype_name(x: Any) -> str:
@@ -57,7 +50,7 @@ class Projected:
     def __init__(self, hidden: Any, weight: Any, bias: Any = None, scale: float = 1.0,
                  softcap: Optional[float] = None, chunk_bytes: Optional[int] = None,
                  _autocast: Any = None, _out_dtype: Any = None, _divide: bool = False) -> None:
-        torch_in = [_is_torch(x) for x in (hidden, weight, bias) if x is not None]
+        torch_in = [is_torch(x) for x in (hidden, weight, bias) if x is not None]
         if any(torch_in) and not all(torch_in):
             raise TypeError("projected: hidden, weight and bias must all be torch tensors or all numpy arrays")
         if not torch_in[0]:

@@ -1,13 +1,12 @@
-"""CUDA tensors: the same per-row quantities as the native core, computed by
-torch on the tensor's device, a bounded chunk of rows at a time.
-
-`lmmetrics._engine.run` validates and allocates as for CPU input, then
-calls `compute` here instead of the native core. Each chunk goes
+"""The torch path for CUDA tensors: the same per-row quantities as the native
+core, computed by torch on the tensor's device, a bounded chunk of rows at a
+time (`_compute_torch`, where `lmmetrics._engine.cuda.launch` does not take
+the Triton kernel), and the exact path (`_chunk_exact`). Each chunk goes
 through one fused ``log_softmax`` into float32 (float64 stays float64) and
 is reduced to per-row values, written into one float64 buffer on the
-device allocated for the pass (`N_RESULTS` values a row): no chunk
+device allocated for the pass (`layout.N_RESULTS` values a row): no chunk
 waits for the device. The values asked for cross to the host once, when the
-pass ends (`settle`), where the sums are taken in float64. A chunk
+pass ends (`lmmetrics._engine.cuda.settle`), where the sums are taken in float64. A chunk
 where a counted row's value is not finite is done again, after that
 transfer, by the exact path (logsumexp per side, in float64). The
 semantics are the native core's: ignored rows are not checked and get 0 / -1,
