@@ -20,6 +20,7 @@ pytestmark = pytest.mark.peers  # against a heavy peer's own code: pytest -m pee
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+import lmmetrics  # noqa: E402
 from lmmetrics.transformers import TrainerMetrics  # noqa: E402
 
 V = 300
@@ -204,14 +205,18 @@ def test_eval_loss_stays_the_trainers(setup, tmp_path):
     assert abs(got["eval_loss"] - got["eval_token_loss"]) > 1e-3
 
 
+# the folder holding the lmmetrics these tests import (site-packages once
+# installed, src/ in a checkout): the worker processes import the same one
+_HOME = str(Path(lmmetrics.__file__).resolve().parents[1])
+
+
 def test_two_ddp_ranks_every_mode(setup, tmp_path):
     """torchrun, 2 CPU ranks over gloo: 7 sequences in batches of 2 a rank, so
     the last step repeats one sequence, which gather_for_metrics drops."""
     model, rows, token_bytes, ref = setup
     torch.save(model.state_dict(), tmp_path / "model.pt")
     (tmp_path / "data.json").write_text(json.dumps({"rows": rows, "token_bytes": token_bytes}))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2] / "src")] + sys.path))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([_HOME] + sys.path))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
            __file__, str(tmp_path)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -269,7 +274,7 @@ def test_clear_errors():
 def test_importing_lmmetrics_imports_no_transformers():
     code = ("import sys, lmmetrics, lmmetrics.transformers; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    env = dict(os.environ, PYTHONPATH=_HOME)
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
 
