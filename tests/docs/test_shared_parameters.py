@@ -14,42 +14,27 @@ import pytest
 
 import lmmetrics
 
+# the callables that most variants group
+_NLL = ["bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy", "evaluate",
+        "perplexity", "token_nll"]
+_RANKS = ["calibration", "mean_reciprocal_rank", "top_k_accuracy"]
+_TORCHMETRICS = ["torchmetrics.BitsPerByte", "torchmetrics.LanguageModelMetrics", "torchmetrics.Perplexity"]
 VARIANTS = {
-    "logits": [
-        ["Evaluator.update", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
-         "evaluate", "kl_divergence", "perplexity", "token_entropy", "token_kl", "token_nll"],
-        ["calibration", "mean_reciprocal_rank", "token_confidence", "token_rank", "top_k_accuracy"],
-        ["expected_calibration_error"], ["loglikelihood"]],
-    "targets": [
-        ["Evaluator.update", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
-         "evaluate", "perplexity", "token_nll"],
-        ["calibration", "mean_reciprocal_rank", "token_rank", "top_k_accuracy"], ["expected_calibration_error"],
-        ["loglikelihood"]],
+    "logits": [["Evaluator.update", "kl_divergence", "token_entropy", "token_kl"] + _NLL,
+               _RANKS + ["token_confidence", "token_rank"], ["expected_calibration_error"], ["loglikelihood"]],
+    "targets": [["Evaluator.update"] + _NLL, _RANKS + ["token_rank"], ["expected_calibration_error"],
+                ["loglikelihood"]],
     "reference_logits": [["compare", "kl_divergence", "token_kl"], ["Evaluator.update", "evaluate"]],
-    "shift": [
-        ["Evaluator", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
-         "evaluate", "loglikelihood", "perplexity", "token_nll"],
-        ["calibration", "mean_reciprocal_rank", "top_k_accuracy"],
-        ["torchmetrics.BitsPerByte", "torchmetrics.LanguageModelMetrics", "torchmetrics.Perplexity"],
-        ["expected_calibration_error"], ["token_confidence"], ["token_rank"]],
-    "softcap": [
-        ["Evaluator", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
-         "evaluate", "kl_divergence", "loglikelihood", "perplexity", "token_entropy", "token_kl", "token_nll",
-         "torchmetrics.BitsPerByte", "torchmetrics.LanguageModelMetrics", "torchmetrics.Perplexity"],
-        ["calibration", "mean_reciprocal_rank", "top_k_accuracy"], ["evaluate_bpb"],
-        ["expected_calibration_error"], ["projected"], ["token_confidence"], ["token_rank"]],
-    "num_threads": [
-        ["Evaluator", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
-         "evaluate", "kl_divergence", "loglikelihood", "perplexity", "token_entropy", "token_kl", "token_nll",
-         "torchmetrics.BitsPerByte", "torchmetrics.LanguageModelMetrics", "torchmetrics.Perplexity"],
-        ["calibration", "mean_reciprocal_rank", "top_k_accuracy"], ["expected_calibration_error"],
-        ["sliding_window_nll"], ["text_metrics"], ["token_confidence"], ["token_rank"]],
-    "ignore_index": [
-        ["Evaluator", "bits_per_byte", "bits_per_character", "bits_per_token", "compare", "cross_entropy",
-         "evaluate", "loglikelihood", "perplexity", "token_nll"],
-        ["calibration", "mean_reciprocal_rank", "top_k_accuracy"],
-        ["torchmetrics.BitsPerByte", "torchmetrics.LanguageModelMetrics", "torchmetrics.Perplexity"],
-        ["expected_calibration_error"], ["token_rank"]],
+    "shift": [["Evaluator", "loglikelihood"] + _NLL, _RANKS, _TORCHMETRICS, ["expected_calibration_error"],
+              ["token_confidence"], ["token_rank"]],
+    "softcap": [["Evaluator", "kl_divergence", "loglikelihood", "token_entropy", "token_kl"] + _NLL + _TORCHMETRICS,
+                _RANKS, ["evaluate_bpb"], ["expected_calibration_error"], ["projected"], ["token_confidence"],
+                ["token_rank"]],
+    "num_threads": [["Evaluator", "kl_divergence", "loglikelihood", "token_entropy", "token_kl"] + _NLL
+                    + _TORCHMETRICS, _RANKS, ["expected_calibration_error"], ["sliding_window_nll"],
+                    ["text_metrics"], ["token_confidence"], ["token_rank"]],
+    "ignore_index": [["Evaluator", "loglikelihood"] + _NLL, _RANKS, _TORCHMETRICS, ["expected_calibration_error"],
+                     ["token_rank"]],
 }
 _RULE = re.compile(r"-{3,}")
 
