@@ -359,3 +359,27 @@ def llama_text(c):
 
 # llama.cpp prints x86-64's default NaN as -nan (other processors: nan)
 X86_64 = __import__("platform").machine().lower() in ("x86_64", "amd64")
+
+
+try:  # lm-evaluation-harness's own rolling window functions
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError:  # a literal copy of lm_eval 0.4.x's algorithm
+    def get_rolling_token_windows(token_list, prefix_token, max_seq_len, context_len):
+        assert 1 <= context_len <= max_seq_len
+        if not token_list:
+            return
+        pred_len = max_seq_len - context_len + 1
+        predicted = 0
+        first_seq_len = min(max_seq_len, len(token_list))
+        yield [prefix_token] + token_list[: first_seq_len - 1], token_list[:first_seq_len]
+        predicted += first_seq_len
+        while predicted < len(token_list):
+            window_pred_len = min(len(token_list) - predicted, pred_len)
+            window_end = predicted + window_pred_len
+            yield (token_list[window_end - max_seq_len - 1: window_end - 1],
+                   token_list[window_end - window_pred_len: window_end])
+            predicted += window_pred_len
+
+    def make_disjoint_window(pair):
+        a, b = pair
+        return a[: len(a) - (len(b) - 1)], b

@@ -21,25 +21,7 @@ CORPUS = "naïve café 日本語 🙂 the cat sat on the mat. a dog ran in the p
 TEXTS = ["the cat sat on the mat. naïve café 🙂", "a dog ran in the park! 日本語 " * 3, "on the mat.",
          "the " * 40]
 
-try:  # the peer's own window functions
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-except ImportError:  # a literal copy of lm_eval 0.4.x's algorithm
-    def get_rolling_token_windows(token_list, prefix_token, max_seq_len, context_len):
-        pred_len = max_seq_len - context_len + 1
-        predicted = 0
-        first_seq_len = min(max_seq_len, len(token_list))
-        yield [prefix_token] + token_list[: first_seq_len - 1], token_list[:first_seq_len]
-        predicted += first_seq_len
-        while predicted < len(token_list):
-            window_pred_len = min(len(token_list) - predicted, pred_len)
-            window_end = predicted + window_pred_len
-            yield (token_list[window_end - max_seq_len - 1: window_end - 1],
-                   token_list[window_end - window_pred_len: window_end])
-            predicted += window_pred_len
-
-    def make_disjoint_window(pair):
-        a, b = pair
-        return a[: len(a) - (len(b) - 1)], b
+from helpers import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
 
 def _raw_tokenizer():
