@@ -988,7 +988,10 @@ _REL, _ABS = 1e-6, 1e-9
 
 
 def _at_most(part: float, whole: float) -> bool:
-    """part <= whole, up to the rounding of sums added in another order."""
+    """part <= whole: exactly for counts (ints), up to the rounding of sums
+    added in another order for float sums."""
+    if isinstance(part, int) and isinstance(whole, int):
+        return part <= whole
     return part <= whole + _REL * whole + _ABS
 
 

@@ -136,6 +136,18 @@ def test_load_state_dict_refuses_a_part_above_its_whole(part, whole):
     assert ev.state_dict() == state
 
 
+def test_counts_are_compared_exactly_however_large():
+    """A count one above its whole is refused even where the float sums'
+    relative slack (1e-6) would hide it: 2,000,001 correct of 2,000,000
+    tokens is an accuracy above 1."""
+    ev = _evaluator(docs=False, inf=False, top_k=None, calibration_bins=None)
+    state = ev.state_dict()
+    big = dict(state, tokens=2_000_000, correct=2_000_001, kl_tokens=2_000_000, same_top=0)
+    with pytest.raises(ValueError, match="correct .* exceeds tokens"):
+        ev.load_state_dict(big)
+    assert ev.state_dict() == state
+
+
 def test_load_state_dict_refuses_the_state_of_an_evaluator_with_other_settings():
     full = _evaluator(docs=False, top_k=None, calibration_bins=None).state_dict()
     with pytest.raises(ValueError, match="bytes is .* but this Evaluator has no token_bytes"):
