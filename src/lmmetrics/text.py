@@ -14,7 +14,7 @@ from ._engine.checks import check_positive_int
 from .evaluation import Evaluator, Metrics
 from .tokens import _is_tokenizers
 from .tokens import token_bytes as _token_bytes
-from .windows import _Item, _lm_eval_windows, score_windows
+from .windows import _check_stride, _Item, _lm_eval_windows, score_windows
 
 if TYPE_CHECKING:
     import torch
@@ -134,10 +134,7 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
     if stride is not None:
         if window is None:
             raise ValueError("stride needs window: it is the step between windows of a long text")
-        stride = check_positive_int("stride", stride)
-        if stride > window:
-            raise ValueError(f"stride ({stride}) must not exceed window ({window}): tokens between windows "
-                             f"would not be scored")
+        stride = _check_stride(stride, window, "window")
     batch_size = check_positive_int("batch_size", batch_size)
     prefix = _bos_id(tokenizer, bos)
     device = _device(model)

@@ -29,6 +29,16 @@ CONVENTIONS = ("lm-eval", "hf-guide", "max-context")
 _Window = Tuple[int, int, int, int]
 
 
+def _check_stride(stride: Any, window: int, window_name: str) -> int:
+    """stride as a positive int no larger than the window (named
+    ``window_name``): a larger step would leave tokens unscored."""
+    step: int = check_positive_int("stride", stride)
+    if step > window:
+        raise ValueError(f"stride ({step}) must not exceed {window_name} ({window}): "
+                         f"tokens between windows would not be scored")
+    return step
+
+
 def _lm_eval_windows(n: int, max_length: int, stride: int) -> List[_Window]:
     """lm_eval.utils.get_rolling_token_windows(seq[1:], prefix_token=seq[0],
     max_seq_len=max_length, context_len=max_length - stride + 1), each made
@@ -270,13 +280,10 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     max_length = check_positive_int("max_length", max_length)
-    stride = max_length if stride is None else check_positive_int("stride", stride)
+    stride = max_length if stride is None else _check_stride(stride, max_length, "max_length")
     batch_size = check_positive_int("batch_size", batch_size)
     if max_length < 2 and convention != "lm-eval":
         raise ValueError("max_length must be at least 2 (a window scores tokens after its first)")
-    if stride > max_length:
-        raise ValueError(f"stride ({stride}) must not exceed max_length ({max_length}): "
-                         f"tokens between windows would not be scored")
     if prefix_token is not None:
         prefix = torch.tensor([int(prefix_token)], dtype=ids.dtype, device=ids.device)
         seq = torch.cat([prefix, ids])
