@@ -43,6 +43,7 @@ import numpy as np
 from . import inputs as _inputs
 from . import cuda as _cuda
 from .cuda import layout
+from .cuda.torch_path import count_before
 from .device import to_device
 from .errors import RowError, Status, row_error
 from .inputs import is_torch
@@ -191,7 +192,6 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
     gone), from a product of fewer rows: on a GPU the matmul may round
     them a last bit differently, as a change of chunk_bytes would."""
     import torch
-
 
     rows = np.concatenate([sel for sel, _ in on_device])
     res = torch.cat([part for _, part in on_device], 1)
@@ -390,7 +390,6 @@ def _tile_redo(res: Any, kw: Want, none: Any, rnone: Any) -> Any:
     one, by their values, as it does."""
     import torch
 
-
     flags = res[layout.RES_FLAGS].long()
     bad = (flags & ~(layout.F_REDO | layout.F_EMPTY | layout.F_EMPTY_REF)) != 0
     for name in OUTPUTS:
@@ -431,7 +430,6 @@ def _as_results(values: Dict[str, Any], redo: Any, n: int, dev: Any) -> Any:
     """A CUDA tile chunk's merged outputs as the CUDA pass's result buffer
     (on the device): the rows to do again flagged F_REDO."""
     import torch
-
 
     res = torch.zeros((layout.N_RESULTS, n), dtype=torch.float64, device=dev)
     res[layout.RES_FLAGS] = torch.where(redo, float(layout.F_REDO), 0.0)
@@ -511,12 +509,10 @@ def _count_before(z: Any, thr: Any, at: I64Array) -> Any:
 
         on_device = isinstance(thr, torch.Tensor)
         th = (thr if on_device else torch.from_numpy(thr).to(z.device))[:, None]
-        hit = z == th  # in place from here: three bytes a logit at most
-        hit &= torch.arange(z.shape[1], device=z.device)[None, :] < to_device(at, z.device)[:, None]
-        hit |= z > th
+        hits = count_before(z, th, to_device(at, z.device)[:, None])
         if on_device:
-            return hit.sum(1)
-        counts: I64Array = hit.sum(1).cpu().numpy().astype(np.int64)
+            return hits
+        counts: I64Array = hits.cpu().numpy().astype(np.int64)
         return counts
     th = thr[:, None]
     before = np.arange(z.shape[1])[None, :] < at[:, None]

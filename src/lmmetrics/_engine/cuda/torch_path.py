@@ -161,18 +161,24 @@ def _put(res: torch.Tensor, counted: torch.Tensor, name: str, values: torch.Tens
     res[row(name)] = torch.where(counted, values.double(), fill)
 
 
-def _rank(z: torch.Tensor, safe: torch.Tensor) -> torch.Tensor:
-    """Per row the number of values of z that rank before the target's:
-    those above it, and those equal to it at a lower index (the first
-    argmax's order: rank 0 exactly where ``torch.argmax`` is the target).
-    z as given: the capped logits, or the logits in their own dtype."""
+def count_before(z: torch.Tensor, zt: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Per row the number of values of z that rank before a target of value
+    zt (rows, 1) at column at (rows, 1; outside z where the target lies in
+    another block of its row): those above it, and those equal to it at a
+    lower column (the first argmax's order: the rank's rule)."""
     import torch
 
-    zt = z.gather(1, safe)
     counted = z == zt  # in place from here: three bytes a logit at most
-    counted &= torch.arange(z.shape[1], device=z.device)[None, :] < safe
+    counted &= torch.arange(z.shape[1], device=z.device)[None, :] < at
     counted |= z > zt
     return counted.sum(1)
+
+
+def _rank(z: torch.Tensor, safe: torch.Tensor) -> torch.Tensor:
+    """Per row the number of values of z that rank before the target's
+    (rank 0 exactly where ``torch.argmax`` is the target). z as given: the
+    capped logits, or the logits in their own dtype."""
+    return count_before(z, z.gather(1, safe), safe)
 
 
 def _safe_targets(tgt: Optional[torch.Tensor], counted: torch.Tensor) -> Optional[torch.Tensor]:
