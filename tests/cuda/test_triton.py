@@ -302,10 +302,16 @@ def group_errors():
         t6 = t.clone()
         t6[1, 1] = 600
         assert "out of range" in same_error(z, t6)
+        # read on the device, refused after the pass: the first bad row
+        # names the error, a target or the logits, as the core names it
+        # (targets of int32 are read as they are)
+        assert same_error(z1, t6).startswith("NaN in logits at row 3")
+        t6[0, 1] = 7000
+        assert same_error(z1, t6.int()).startswith("target 7000 at position (0, 1) is out of range")
         # metrics on a bad row raise as the core does
         with pytest.raises(ValueError, match="NaN in logits"):
             lmmetrics.cross_entropy(z1, t)
-    assert len(calls) == 2 * 2 + 7  # the target beyond V is refused before
+    assert len(calls) == 2 * 2 + 10, len(calls)
     print("GROUP OK")
 
 
@@ -451,17 +457,22 @@ def group_layouts_and_api():
     zt = torch.randn(700, 6, generator=g).t()
     _check(zt, t.reshape(-1)[:6], label="vocabulary stride")
     assert len(calls) == n
-    # an ignored row is not read: its programs run no tile (white box: its
-    # tile states stay as they were)
-    zi, _, ti = _random((4,), 600, torch.float32, seed=2)
-    ti[:] = torch.tensor([5, -100, 599, -5])
-    states = torch.full((_triton._NFIELDS, 3, 4), math.nan)
-    res = torch.zeros(_triton._N_RESULTS, 4, dtype=torch.float64)
+    # a row not counted (ignored, negative) or with a target out of range is
+    # not read: its programs run no tile (white box: its tile states stay
+    # as they were); the targets read and the flags they give
+    zi, _, ti = _random((5,), 600, torch.float32, seed=2)
+    ti[:] = torch.tensor([5, -100, 599, -5, 600])
+    states = torch.full((_triton._NFIELDS, 3, 5), math.nan)
+    res = torch.zeros(_triton._N_RESULTS, 5, dtype=torch.float64)
     with np.errstate(all="ignore"):
-        _triton._launch(_cuda.describe(zi), None, torch.where(ti >= 0, ti, -1), res, states, 4, 3, 256,
-                        False, True, True, 0.0)
-    assert states[:, :, [1, 3]].isnan().all() and not states[:5, :, [0, 2]].isnan().any()
-    np.testing.assert_allclose(res[1].numpy(), ref_nll(zi.double().numpy(), ti.numpy()), atol=TOL, rtol=TOL)
+        _triton._launch(_cuda.describe(zi), None, ti, -100, res, states, 5, 3, 256, False, True, True, 0.0)
+    assert states[:, :, [1, 3, 4]].isnan().all() and not states[:5, :, [0, 2]].isnan().any()
+    np.testing.assert_allclose(res[1].numpy()[[0, 2]], ref_nll(zi.double().numpy()[[0, 2]], ti.numpy()[[0, 2]]),
+                               atol=TOL, rtol=TOL)
+    from lmmetrics._engine.cuda.layout import F_COUNTED, F_OOB, RES_FLAGS, RES_TARGETS
+
+    np.testing.assert_array_equal(res[RES_TARGETS].numpy(), ti.numpy())
+    np.testing.assert_array_equal(res[RES_FLAGS].numpy(), [F_COUNTED, 0, F_COUNTED, 0, F_COUNTED | F_OOB])
     # the public functions
     nll = lmmetrics.token_nll(z, t)
     assert isinstance(nll, torch.Tensor) and nll.shape == t.shape
@@ -548,15 +559,9 @@ def group_one_transfer():
         with pytest.MonkeyPatch.context() as mp:
             reads = HostReads(mp)
 
-            def chunks(*a):
-                for c in _triton_row_chunks(*a):
-                    events.append("chunk")
-                    yield c
-
-            _triton_row_chunks = _triton.row_chunks
-            mp.setattr(_triton, "row_chunks", chunks)
             kw = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True)
             with reads as events:
+                mp.setattr(_triton, "_tiles", _Counted(_triton._tiles, events, "chunk"))
                 got = _engine.run(z, tn, r, **kw)
             n = events.count("chunk")
             assert n > 10 and events == ["chunk"] * n + ["cpu", "numpy"], events
@@ -572,7 +577,72 @@ def group_one_transfer():
     print("GROUP OK")
 
 
-def _compare(got, want):
+class _Counted:
+    """A jitted kernel whose launches (``kernel[grid](...)``) are counted."""
+
+    def __init__(self, kernel, events, name):
+        self.kernel, self.events, self.name = kernel, events, name
+
+    def __getitem__(self, grid):
+        self.events.append(self.name)
+        return self.kernel[grid]
+
+
+def group_targets_stay_on_the_device():
+    """Targets given as tensors on the logits' device are read there: no host
+    read before the pass's one transfer, no upload, one launch of each
+    kernel for a whole (B, T, V) batch with shift=True (the [..., :-1, :]
+    view and the targets[..., 1:] view as they are), a target out of range
+    or a NaN named after that one transfer; values as the core's."""
+    import torch
+
+    from helpers import HostReads
+    from lmmetrics import _engine
+    from lmmetrics._engine import cuda as _cuda
+    from lmmetrics._engine.cuda import triton as _triton
+
+    _route()
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(3, 9, 700, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 700, (3, 9), generator=g)
+    ids[1, 4] = -100
+    kw = dict(nll=True, entropy=True, argmax=True, top_logprob=True)
+    with pytest.MonkeyPatch.context() as mp:
+        reads = HostReads(mp)
+        with reads as events:
+            mp.setattr(_triton, "_tiles", _Counted(_triton._tiles, events, "tiles"))
+            mp.setattr(_triton, "_merge", _Counted(_triton._merge, events, "merge"))
+            mp.setattr(_cuda, "to_device", lambda *a: events.append("upload") or to_device(*a))
+            to_device = _engine.device.to_device
+            for t in (ids, ids.int()):
+                events.clear()
+                got = _engine.run(z, t, shift=True, **kw)
+                assert events == ["tiles", "merge", "cpu", "numpy"], events
+                want = _engine.run(_np(z), ids.numpy(), shift=True, **kw)
+                _compare(got, want, kw)
+                np.testing.assert_array_equal(got.targets, ids[:, 1:].reshape(-1).numpy())
+                np.testing.assert_array_equal(got.counted, want.counted)
+                assert got.n_counted == want.n_counted == 3 * 8 - 1
+            bad = ids.clone()
+            bad[2, 6] = 700
+            events.clear()
+            with pytest.raises(ValueError, match=r"target 700 at position \(2, 5\) is out of range"):
+                _engine.run(z, bad, shift=True, nll=True)
+            assert events[:4] == ["tiles", "merge", "cpu", "numpy"], events
+            # host targets: checked on the host for their dtype and shape, uploaded once
+            host = ids[:, 1:].contiguous()
+            host = host.numpy()
+            events.clear()
+            _engine.run(z[:, :-1], host, nll=True)
+            assert events == ["upload", "tiles", "merge", "cpu", "numpy"], events
+    print("GROUP OK")
+
+
+def _compare(got, want, keys=None):
+    if keys is not None:
+        for k in keys:
+            np.testing.assert_allclose(getattr(got, k), getattr(want, k), rtol=TOL, atol=TOL, err_msg=k)
+        return
     for k in KEYS + ("top_logprob",):
         a, b = getattr(got, k), getattr(want, k)
         if "argmax" in k:
@@ -658,10 +728,11 @@ def group_compile_sm90():
         fields = dict(kv.split(":") for kv in line.split() if ":" in kv)
         return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), k.asm["ptx"]
 
-    tiles_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "n_rows": "i32",
-                 "n_cols": "i32", "z_stride": "i64", "r_stride": "i64", "n_tiles": "i32", "per_prog": "i32",
-                 "cap": "fp32", "inv_cap": "fp32", "inv_lo": "fp32"}
-    aligned = ("z_ptr", "r_ptr", "tgt_ptr", "st_ptr", "n_cols", "z_stride", "r_stride")
+    rows_sig = {f"{p}_{k}": "i64" for p in "zrt" for k in ("inner", "stride", "outer")}
+    tiles_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "row0": "i64",
+                 "n_rows": "i32", "n_cols": "i32", **rows_sig, "ignore": "i64", "n_tiles": "i32",
+                 "per_prog": "i32", "cap": "fp32", "inv_cap": "fp32", "inv_lo": "fp32"}
+    aligned = ("z_ptr", "r_ptr", "tgt_ptr", "st_ptr", "n_cols", "z_stride", "r_stride", "z_outer", "r_outer")
     for dt in ("*fp32", "*bf16", "*fp16"):
         for ref, capped in ((False, False), (True, True)):
             sig = dict(tiles_sig, z_ptr=dt, r_ptr=dt)
@@ -677,8 +748,8 @@ def group_compile_sm90():
             assert loads["ld.global.v4"] == per_thread * (2 if ref else 1), loads
             assert loads["ld.global.b16"] == 0, loads
     merge_sig = {"st_ptr": "*fp32", "z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "out_ptr": "*fp64",
-                 "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_tiles": "i32", "z_stride": "i64",
-                 "r_stride": "i64", "cap": "fp32", "inv_cap": "fp32"}
+                 "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_cols": "i32", "n_tiles": "i32", **rows_sig,
+                 "ignore": "i64", "cap": "fp32", "inv_cap": "fp32"}
     for nt in (64, 512):  # V = 128256, 1M at the default tile
         rows = max(1, min(16, _triton._MERGE_ELEMS // nt))
         reg, stack, local, _ = usage(_triton._merge, merge_sig,
@@ -712,7 +783,8 @@ def group_compile_sm90():
 
 @pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
                                    "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
-                                   "group_rank_and_top_logprob", "group_one_transfer"])
+                                   "group_rank_and_top_logprob", "group_one_transfer",
+                                   "group_targets_stay_on_the_device"])
 def test_interpreted(group):
     _in_subprocess(group)
 

@@ -20,9 +20,9 @@ def compute(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, 
     describe: Callable[[Any, str], Any] = cuda.describe if gpu else inputs.as_logits
     lg = describe(logits, "logits")
     ref = None if reference is None else describe(reference, "reference_logits")
-    out = allocate(lg, ref, targets, ignore, check_range=gpu, want=want)
+    out = allocate(lg, ref, targets, ignore, check_range=False, want=want, targets_later=gpu)
     if lg.n_rows and gpu:
-        cuda.compute(lg, ref, out, ignore, cap)
+        cuda.compute(lg, ref, out, targets, ignore, cap)
     elif lg.n_rows:
         native.compute(lg, ref, out, cap, threads)
     return out

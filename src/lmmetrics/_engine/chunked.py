@@ -159,7 +159,7 @@ def _launch(z: Any, r: Any, t: Optional[I64Array], cap: float, want: Want,
     c_lg = _cuda.describe(z)
     c_ref = None if r is None else _cuda.describe(r, "reference_logits")
     part = allocate(c_lg, c_ref, t, -1, check_range=False, want=want)  # (its arrays stay unfilled)
-    return _cuda.launch(c_lg, c_ref, part, cap, on_device)[0]
+    return _cuda.launch(c_lg, c_ref, part, cap, on_device)
 
 
 def _row_argmax(x: Any) -> Any:
@@ -391,7 +391,7 @@ def _tile_redo(res: Any, kw: Want, none: Any, rnone: Any) -> Any:
     import torch
 
     flags = res[layout.RES_FLAGS].long()
-    bad = (flags & ~(layout.F_REDO | layout.F_EMPTY | layout.F_EMPTY_REF)) != 0
+    bad = (flags & ((layout.ERRORS | layout.SLOW) & ~(layout.F_REDO | layout.F_EMPTY | layout.F_EMPTY_REF))) != 0
     for name in OUTPUTS:
         if name in kw and name not in INDEX_OUTPUTS:
             skip = none | rnone if name == "kl" else rnone if name == "ref_nll" else none

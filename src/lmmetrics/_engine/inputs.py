@@ -61,9 +61,9 @@ def shifted(logits: Any, targets: Any, reference: Any = None) -> Tuple[Any, Any,
                          f"{tuple(logits.shape)}")
     lead = tuple(int(n) for n in logits.shape[:-1])
     if targets is not None:
-        targets = as_index_array(targets, "targets")
-        if targets.shape != lead:
-            raise ValueError(f"targets shape {targets.shape} does not match the logits shape "
+        targets = index_array_or_tensor(targets, "targets")
+        if tuple(targets.shape) != lead:
+            raise ValueError(f"targets shape {tuple(targets.shape)} does not match the logits shape "
                              f"without its vocabulary axis {lead} (shift=True takes both unshifted)")
         targets = targets[..., 1:]
     if reference is not None:
@@ -177,7 +177,7 @@ class Logits:
         return _core.DTYPES[self.dtype]
 
 
-def _collapse(shape: Sequence[int], strides: Sequence[int]) -> Optional[Tuple[int, int, int, int]]:
+def collapse(shape: Sequence[int], strides: Sequence[int]) -> Optional[Tuple[int, int, int, int]]:
     """Leading axes as (n_rows, rows_inner, row_stride, outer_stride), or None
     when they cannot be written with two strides."""
     dims: List[Tuple[int, int]] = []
@@ -252,7 +252,7 @@ def _describe(keep: Any, ptr: int, dtype: str, shape_in: Sequence[int], lead_str
     shape = tuple(int(n) for n in shape_in)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
-    rows = _collapse(shape[:-1], lead_strides)
+    rows = collapse(shape[:-1], lead_strides)
     if rows is None:  # three or more non-mergeable strided axes: one copy
         if torch:
             keep = keep.contiguous()
@@ -260,7 +260,7 @@ def _describe(keep: Any, ptr: int, dtype: str, shape_in: Sequence[int], lead_str
         else:
             keep = np.ascontiguousarray(keep)
             ptr = keep.__array_interface__["data"][0]
-        rows = _collapse(shape[:-1], _contiguous_strides(shape))
+        rows = collapse(shape[:-1], _contiguous_strides(shape))
         assert rows is not None  # C-contiguous leading axes merge into one
     n_rows = math.prod(shape[:-1])
     _, rows_inner, row_stride, outer_stride = rows
@@ -289,6 +289,26 @@ def as_index_array(x: Any, name: str) -> npt.NDArray[np.integer[Any]]:
     return a
 
 
+def index_array_or_tensor(x: Any, name: str) -> Any:
+    """A torch tensor of integers as it is, wherever it lives (no copy, no
+    wait for its device); anything else as `as_index_array` makes it. A
+    tensor of another dtype is a TypeError."""
+    if is_torch(x):
+        if x.dtype.is_floating_point or x.dtype.is_complex or str(x.dtype) == "torch.bool":
+            raise TypeError(f"{name} must hold integers, got dtype {str(x.dtype).replace('torch.', '')}")
+        return x.detach()
+    return as_index_array(x, name)
+
+
+def check_targets_shape(shape: Tuple[int, ...], logits: DescribedLogits) -> None:
+    """ValueError when targets of this shape do not go with the logits (one
+    a row), with a hint for a shift mistake."""
+    if shape != logits.lead_shape:
+        raise ValueError(
+            f"targets shape {shape} does not match the logits shape without its "
+            f"vocabulary axis {logits.lead_shape}{_off_by_one(shape, logits.lead_shape)}")
+
+
 def _first_above(a: npt.NDArray[np.integer[Any]], limit: int) -> Optional[int]:
     """The flat index of the first entry > limit, None when there is none
     (compared in a's own dtype: no wrap of uint64 values)."""
@@ -306,10 +326,7 @@ def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
             and targets.flags.aligned and targets.shape == logits.lead_shape and not check_range):
         return targets.reshape(-1)  # the common case: nothing to convert or check here
     t = as_index_array(targets, "targets")
-    if t.shape != logits.lead_shape:
-        raise ValueError(
-            f"targets shape {t.shape} does not match the logits shape without its "
-            f"vocabulary axis {logits.lead_shape}{_off_by_one(t.shape, logits.lead_shape)}")
+    check_targets_shape(t.shape, logits)
     flat = t.reshape(-1)
     if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:  # uint64 would wrap negative (ignored)
         i = _first_above(flat, _INT64_MAX)

@@ -109,6 +109,10 @@ class RowResults:
                              else (t >= 0) & (t != self.ignore_index))
         return self._counted
 
+    def set_counted(self, counted: BoolArray) -> None:
+        """The counted rows as a pass found them (targets read on a device)."""
+        self._counted = counted
+
     def floats(self, name: FloatOutput) -> F64Array:
         """The float64 output ``name`` (the pass must have computed it)."""
         values: Optional[F64Array] = getattr(self, name)
@@ -146,14 +150,18 @@ def _computed(values: Optional[_A], name: str) -> _A:
 
 
 def allocate(lg: DescribedLogits, ref: Optional[DescribedLogits], targets: Any, ignore: int, *,
-             check_range: bool, want: Want) -> RowResults:
+             check_range: bool, want: Want, targets_later: bool = False) -> RowResults:
     """The checks of both buffers and the targets against each other, and
-    the outputs of a pass over them, allocated (not yet computed)."""
+    the outputs of a pass over them, allocated (not yet computed).
+    targets_later: the targets are not looked at here (the pass reads them
+    where they are, and fills out's targets: the CUDA path)."""
     if ref is not None and ref.lead_shape + (ref.n_cols,) != lg.lead_shape + (lg.n_cols,):
         raise ValueError(
             f"reference_logits shape {ref.lead_shape + (ref.n_cols,)} does not match "
             f"logits shape {lg.lead_shape + (lg.n_cols,)}")
-    if targets is not None:
+    if targets is not None and targets_later and lg.n_rows:
+        tgt = None
+    elif targets is not None:
         tgt = as_targets(targets, lg, check_range=check_range, ignore_index=ignore)
     elif "nll" in want or "ref_nll" in want:
         raise ValueError("targets are required for the NLL")

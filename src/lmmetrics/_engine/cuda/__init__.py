@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from ..device import to_device
-from ..errors import Status, row_error
+from ..device import is_torch, to_device
+from ..errors import Status, row_error, target_error
+from ..inputs import as_targets
 from ..request import INDEX_OUTPUTS, OUTPUTS, RowResults
 from ..types import BoolArray, F64Array, I64Array
-from .layout import (ERRORS, F_EMPTY, F_NAN, F_NAN_REF, N_RESULTS, RES_FLAGS, SLOW, CudaLogits, chunk_bytes, row,
+from .layout import (ERRORS, F_COUNTED, F_EMPTY, F_NAN, F_NAN_REF, F_OOB, N_RESULTS, RES_FLAGS, RES_TARGETS, SLOW,
+                     CudaLogits, chunk_bytes, row,
                      set_cuda_chunk_bytes)
 from .torch_path import _chunk_exact, _compute_torch, _flat, _take
 
@@ -29,17 +31,44 @@ __all__ = ["CudaLogits", "compute", "describe", "exact_rows", "launch", "set_cud
 def describe(x: Any, name: str = "logits") -> CudaLogits:
     import torch
 
-    from ..inputs import is_cuda, torch_dtype_name
+    from ..inputs import collapse, is_cuda, torch_dtype_name
 
     if not is_cuda(x):
         where = x.device if isinstance(x, torch.Tensor) else "the host"
         raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
                          f"put both on the same device")
     dtype = torch_dtype_name(x, name)
+    x = x.detach()
     shape = tuple(int(n) for n in x.shape)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
-    return CudaLogits(x.detach(), dtype, shape[:-1], shape[-1], math.prod(shape[:-1]))
+    rows = collapse(shape[:-1], x.stride()[:-1])
+    if rows is None:  # three or more leading axes no two strides describe: one copy
+        x = x.contiguous()
+        rows = collapse(shape[:-1], x.stride()[:-1])
+        assert rows is not None
+    return CudaLogits(x, dtype, shape[:-1], shape[-1], math.prod(shape[:-1]), rows[1:])
+
+
+#: integer dtypes a kernel reads as they are (others: converted on the host)
+_DEVICE_INDEX = ("torch.int64", "torch.int32", "torch.int16", "torch.int8", "torch.uint8")
+
+
+def device_targets(targets: Any, lg: CudaLogits) -> torch.Tensor:
+    """The targets on the logits' device, checked for what needs no look at
+    their values (dtype, shape): a tensor already there as it is (no copy,
+    no wait for the device; copied only when no two strides describe its
+    rows, as `CudaLogits.rows`); others (numpy, host tensors) converted on
+    the host and queued for upload. Their values are checked by the pass
+    (`F_OOB`)."""
+    from ..inputs import check_targets_shape, collapse, index_array_or_tensor
+
+    t = index_array_or_tensor(targets, "targets")
+    if not (is_torch(t) and t.device == lg.keep.device and str(t.dtype) in _DEVICE_INDEX):
+        return to_device(as_targets(t, lg, check_range=False), lg.keep.device)  # (flat, from the host: no wait)
+    shape = tuple(int(n) for n in t.shape)
+    check_targets_shape(shape, lg)
+    return t if collapse(shape, t.stride()) is not None else t.contiguous()
 
 
 # The Triton path (lmmetrics._engine.cuda.triton): taken for CUDA tensors when triton
@@ -62,82 +91,115 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
     return _triton if _triton.usable(lg, ref, rank) else None
 
 
-def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, ignore_index: int, cap: float) -> None:
-    """Fill out's per-row arrays (numpy, on the host), its counted rows and
-    its NLL sum from the CUDA tensors: the pass launched (`launch`),
-    its results brought to the host once (`settle`), the rows it
-    could not certify done again by the exact path."""
-    res, tgt_all = launch(lg, ref, out, cap)
-    slow = settle(res, out, None, lg.lead_shape)
+def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets: Any, ignore_index: int,
+            cap: float) -> None:
+    """Fill out's per-row arrays (numpy, on the host), its targets, counted
+    rows and NLL sum from the CUDA tensors and the targets (as given: a
+    tensor on the device stays there): the pass launched (`launch`),
+    its results brought to the host once (`settle`: the only wait for the
+    device), the rows it could not certify done again by the exact path."""
+    tgt = None if targets is None else device_targets(targets, lg)
+    res = launch(lg, ref, out, cap, tgt, ignore_index)
+    slow = settle(res, out, None, lg.lead_shape, tgt)
     if slow.size:
-        exact_rows(slow, lg, ref, out, cap, tgt_all)
-    if out.targets is not None:
-        out.n_counted = int(np.count_nonzero(out.counted))
+        exact_rows(slow, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
     if out.nll is not None:
         out.nll_sum = float(np.sum(out.nll))
 
 
 def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
-           targets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+           targets: Optional[torch.Tensor] = None, ignore_index: int = -1) -> torch.Tensor:
     """The pass over the CUDA tensors for the outputs out asks for, queued
     on the device (nothing waits for it): the Triton kernel where it
     applies, else torch, each chunk's per-row values and flags into one
-    buffer. Returns that buffer (N_RESULTS x rows, float64, on the device)
-    and the targets on the device (-1 where a row is not counted): out's,
-    or targets (already there, every row counted: a lazy tile's)."""
+    buffer, returned (N_RESULTS x rows, float64, on the device). The
+    targets: a tensor on the device (of the logits' leading shape, or
+    flat), rows counted where neither negative nor ignore_index, read
+    there (`F_COUNTED`, `F_OOB`, row `RES_TARGETS`); else out's (host)
+    targets, uploaded."""
     global _triton_failed
     import torch
 
     dev = lg.keep.device
-    tgt_all = targets if targets is not None else \
-        None if out.targets is None else to_device(np.where(out.counted, out.targets, -1), dev)
+    if targets is None and out.targets is not None:
+        targets = to_device(np.where(out.counted, out.targets, -1), dev)
     res = torch.empty((N_RESULTS, lg.n_rows), dtype=torch.float64, device=dev)
     tri = _triton_for(lg, ref, out.rank is not None)
     if tri is not None:
         try:
-            tri.compute(lg, ref, out, res, tgt_all, cap)
-            return res, tgt_all
+            tri.compute(lg, ref, out, res, targets, ignore_index, cap)
+            return res
         except tri.LaunchError as e:  # e.g. a GPU the installed triton cannot compile for
             if _force_triton:
                 raise
             _triton_failed = True
             warnings.warn(f"lmmetrics: the Triton kernel failed ({e.__cause__!r}); "
                           f"using the torch path from now on", RuntimeWarning, stacklevel=4)
+    tgt_all = None
+    if targets is not None:  # the Triton kernel's reading of the targets, in torch ops (no wait)
+        t64 = targets.reshape(-1).long()
+        counted = (t64 >= 0) & (t64 != ignore_index)
+        oob = counted & (t64 >= lg.n_cols)
+        tgt_all = torch.where(counted & ~oob, t64, -1)
     _compute_torch(lg, ref, out, res, tgt_all, cap)
-    return res, tgt_all
+    if targets is not None:
+        res[RES_FLAGS] += counted * float(F_COUNTED) + oob * float(F_OOB)
+        res[RES_TARGETS] = t64
+    return res
 
 
-def _fetch(res: torch.Tensor, out: RowResults) -> Tuple[I64Array, Dict[str, F64Array]]:
-    """The flags of res's rows and the outputs out asks for, in one transfer
-    to the host (the only one of a pass whose rows the fast paths certify)."""
+def _fetch(res: torch.Tensor, out: RowResults, with_targets: bool) -> Tuple[I64Array, Dict[str, F64Array]]:
+    """The flags of res's rows, the outputs out asks for and (with_targets)
+    the targets, in one transfer to the host (the only one of a pass whose
+    rows the fast paths certify)."""
     import torch
 
     names = [name for name in OUTPUTS if getattr(out, name) is not None]
-    host = torch.stack([res[RES_FLAGS]] + [res[row(name)] for name in names]).cpu().numpy()
+    at = [RES_FLAGS] + [row(name) for name in names] + ([RES_TARGETS] if with_targets else [])
+    host = torch.stack([res[i] for i in at]).cpu().numpy()
+    if with_targets:
+        names.append("targets")
     return host[0].astype(np.int64), dict(zip(names, host[1:]))
 
 
-def _check_rows(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...]) -> None:
-    """Raise the native core's error for the first counted row flagged bad
-    (rows: the flat row numbers of the flags' rows; None: their positions)."""
-    bad = counted & ((flags & ERRORS) != 0)
+def _check_rows(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
+                target_values: Optional[F64Array] = None, targets: Any = None, n_cols: int = 0) -> None:
+    """Raise the native core's error for the first counted row flagged bad,
+    a target out of range (F_OOB, with the targets' values: as the pass
+    read them, and the targets on the device, for a value the float64 copy
+    may have rounded) or bad logits (rows: the flat row numbers of the
+    flags' rows; None: their positions)."""
+    bad = counted & ((flags & (ERRORS | F_OOB)) != 0)
     if bad.any():
         i = int(np.argmax(bad))
         f = flags[i]
+        if f & F_OOB and target_values is not None:
+            v = target_values[i]
+            raise target_error(int(v) if abs(v) < 2.0**53 else int(targets.reshape(-1)[i].item()), i, n_cols,
+                               lead_shape)
         status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
                   else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
         raise row_error(status, i if rows is None else int(rows[i]), lead_shape)
 
 
-def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...]) -> I64Array:
+def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
+           targets: Optional[torch.Tensor] = None) -> I64Array:
     """The flags of res's rows and the outputs out asks for, to the host in
     one transfer, into out's arrays at rows (flat row numbers; None: all
-    out's rows, in order). Raises for the first bad counted row; returns
-    the positions in res of the rows to do again by the exact path (flagged
+    out's rows, in order), and with targets (the pass's, on the device)
+    out's targets and counted rows as the pass read them. Raises for the
+    first counted row with a bad target or bad logits; returns the
+    positions in res of the rows to do again by the exact path (flagged
     so, or a NaN the flags did not foresee)."""
-    flags, values = _fetch(res, out)
+    flags, values = _fetch(res, out, targets is not None)
+    tv = None
+    if targets is not None:
+        tv = values.pop("targets")
+        out.targets = tv.astype(np.int64)
+        out.set_counted((flags & F_COUNTED) != 0)
+        out.n_counted = int(np.count_nonzero(out.counted))
     counted = out.counted if rows is None else np.ones(flags.size, bool)
-    _check_rows(flags, counted, rows, lead_shape)
+    _check_rows(flags, counted, rows, lead_shape, tv, targets, out.n_cols)
     slow = counted & ((flags & SLOW) != 0)
     at = slice(None) if rows is None else rows
     for name, v in values.items():
@@ -165,7 +227,7 @@ def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: Ro
         n = part.size
         res = torch.empty((N_RESULTS, n), dtype=torch.float64, device=dev)
         _chunk_exact(_take(z2, part, sel), None if r2 is None else _take(r2, part, sel),
-                     None if tgt_all is None else tgt_all[sel], torch.ones(n, dtype=torch.bool, device=dev), out,
+                     None if tgt_all is None else tgt_all[sel].long(), torch.ones(n, dtype=torch.bool, device=dev), out,
                      res, cap)
         settle(res, out, part, lg.lead_shape)  # (the exact path's values are final)
 

@@ -43,19 +43,31 @@ class CudaLogits:
     lead_shape: Tuple[int, ...]
     n_cols: int
     n_rows: int
+    # flat row g lies at element (g // inner) * outer + (g % inner) * stride
+    # of keep (two strides: a [..., :-1, :] view stays one view)
+    rows: Tuple[int, int, int] = (1, 0, 0)
 
 
 # The per-row results of a pass, on the device: one float64 buffer of
 # (N_RESULTS, rows), allocated once a pass; row RES_FLAGS holds a row's
 # flags, rows 1.. the outputs in OUTPUTS' order (the integer ones as exact
-# float64 integers). The Triton kernel writes the same layout.
+# float64 integers), row RES_TARGETS the targets as the pass read them
+# (exact below 2^53: a counted row's is below the vocabulary size, or it
+# is an error that reads its target from the device again). The Triton
+# kernel writes the same layout.
 RES_FLAGS = 0
-N_RESULTS = 1 + len(OUTPUTS)
+RES_TARGETS = 1 + len(OUTPUTS)
+N_RESULTS = 2 + len(OUTPUTS)
 # flag bits: a counted row with F_NAN, F_EMPTY, F_NAN_REF or F_EMPTY_REF is
 # an error (the first one raises, checked in that order); one with F_INF,
 # F_INF_REF, F_CROSS (the Triton kernel's) or F_REDO (a torch chunk the fast
-# path cannot certify) is done again by the exact path
+# path cannot certify) is done again by the exact path. F_COUNTED marks the
+# rows with targets that are counted (neither negative nor ignore_index:
+# targets stay on the device, the pass says which rows count); F_OOB a
+# counted row whose target is not below the vocabulary size (not read; an
+# error, raised before any logits error)
 F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF, F_REDO = 1, 2, 4, 8, 16, 32, 64, 128
+F_COUNTED, F_OOB = 256, 512
 ERRORS = F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF
 SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
 # the flags a Triton tile counts, bit b of its flags from its 12-bit count field b

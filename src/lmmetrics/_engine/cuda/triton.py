@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import numpy as np
 
 import triton
 import triton.language as tl
 
-from .layout import (F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, N_RESULTS, RES_FLAGS, TILE_FLAGS, CudaLogits,
-                     chunk_bytes, row)
-from ..inputs import row_chunks
+from .layout import (F_COUNTED, F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, F_OOB, N_RESULTS, RES_FLAGS, RES_TARGETS,
+                     TILE_FLAGS, CudaLogits, chunk_bytes, row)
+from ..inputs import collapse
 from ..request import RowResults
 
 if TYPE_CHECKING:
@@ -66,13 +66,14 @@ _STATE_BYTES = 64 * 2**20
 _NFIELDS = 9  # m, s, t, am, flags, rm, rs, c, ram
 # flag bits (per tile, then per row): layout.TILE_FLAGS, bit b a tile's
 # 12-bit count field b, then F_EMPTY, F_EMPTY_REF per row
-_F_INF, _F_INF_REF, _F_EMPTY, _F_EMPTY_REF = (tl.constexpr(f) for f in (F_INF, F_INF_REF, F_EMPTY, F_EMPTY_REF))
+_F_INF, _F_INF_REF, _F_EMPTY, _F_EMPTY_REF, _F_COUNTED, _F_OOB = (
+    tl.constexpr(f) for f in (F_INF, F_INF_REF, F_EMPTY, F_EMPTY_REF, F_COUNTED, F_OOB))
 _N_TILE_FLAGS = tl.constexpr(len(TILE_FLAGS))
 # KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
 _CROSS_BIG = 1e20
 # output rows of the (N_RESULTS, N) float64 result (layout.row; the rank's
 # row is never written: requests with it keep the torch path)
-_O_FLAGS = tl.constexpr(RES_FLAGS)
+_O_FLAGS, _O_TARGETS = tl.constexpr(RES_FLAGS), tl.constexpr(RES_TARGETS)
 _O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_TOP = (
     tl.constexpr(row(name)) for name in ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "top_logprob"))
 _N_RESULTS = N_RESULTS
@@ -102,6 +103,20 @@ def _tanh(u: tl.tensor) -> tl.tensor:
     big = 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
     v = tl.where(a < 0.3, small, big)
     return tl.where(u < 0, -v, v)
+
+
+@triton.jit
+def _at(base: tl.tensor, g: tl.tensor, inner: tl.tensor, stride: tl.tensor, outer: tl.tensor) -> tl.tensor:
+    """The address of flat row g (int64) of a buffer whose row g lies at
+    (g // inner) * outer + (g % inner) * stride (`layout.CudaLogits.rows`:
+    a [..., :-1, :] view is one launch, not one a leading index)."""
+    return base + (g // inner) * outer + (g % inner) * stride
+
+
+@triton.jit
+def _live(t: tl.tensor, ignore: tl.tensor, n_cols: tl.tensor) -> tl.tensor:
+    """Whether a row with target t is counted and its target can be read."""
+    return (t >= 0) & (t != ignore) & (t < n_cols)
 
 
 @triton.jit
@@ -148,21 +163,25 @@ def _side(x: tl.tensor, mask: tl.tensor, offs: tl.tensor, cap: tl.tensor, inv_ca
 
 
 @triton.jit
-def _tiles(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.tensor, n_rows: tl.tensor,
-           n_cols: tl.tensor, z_stride: tl.tensor, r_stride: tl.tensor, n_tiles: tl.tensor, per_prog: tl.tensor,
-           cap: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor, TILE: tl.constexpr, HAS_TGT: tl.constexpr,
+def _tiles(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.tensor, row0: tl.tensor,
+           n_rows: tl.tensor, n_cols: tl.tensor, z_inner: tl.tensor, z_stride: tl.tensor, z_outer: tl.tensor,
+           r_inner: tl.tensor, r_stride: tl.tensor, r_outer: tl.tensor, t_inner: tl.tensor, t_stride: tl.tensor,
+           t_outer: tl.tensor, ignore: tl.tensor, n_tiles: tl.tensor, per_prog: tl.tensor, cap: tl.tensor,
+           inv_cap: tl.tensor, inv_lo: tl.tensor, TILE: tl.constexpr, HAS_TGT: tl.constexpr,
            HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr) -> None:
-    """The states of tiles [first, first + per_prog) of a row (see the
-    module's docstring); program (row, j) starts at tile j * per_prog."""
+    """The states of tiles [first, first + per_prog) of row row0 + row (see
+    the module's docstring); program (row, j) starts at tile j * per_prog."""
     row = tl.program_id(0).to(tl.int64)
+    g = row0 + row
     first = tl.program_id(1) * per_prog
     offs = tl.arange(0, TILE)
     plane = n_tiles * n_rows  # fields of the states (bounded: int32)
     n_run = per_prog
-    if HAS_TGT:  # an ignored row is not read (its states are not either)
-        n_run = tl.where(tl.load(tgt_ptr + row) >= 0, per_prog, 0)
-    zrow = z_ptr + row * z_stride
-    rrow = r_ptr + row * r_stride
+    if HAS_TGT:  # a row not counted (or with a target out of range) is not read, nor are its states
+        target = tl.load(_at(tgt_ptr, g, t_inner, t_stride, t_outer)).to(tl.int64)
+        n_run = tl.where(_live(target, ignore, n_cols), per_prog, 0)
+    zrow = _at(z_ptr, g, z_inner, z_stride, z_outer)
+    rrow = _at(r_ptr, g, r_inner, r_stride, r_outer)
     for k in range(0, n_run):
         tile = first + k
         if tile < n_tiles:
@@ -219,21 +238,28 @@ def _nonneg(v: tl.tensor) -> tl.tensor:
 
 @triton.jit
 def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, out_ptr: tl.tensor,
-           n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_tiles: tl.tensor, z_stride: tl.tensor,
-           r_stride: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, TILE: tl.constexpr, ROWS: tl.constexpr,
-           NT: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr,
-           CAPPED: tl.constexpr) -> None:
+           n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_cols: tl.tensor, n_tiles: tl.tensor,
+           z_inner: tl.tensor, z_stride: tl.tensor, z_outer: tl.tensor, r_inner: tl.tensor, r_stride: tl.tensor,
+           r_outer: tl.tensor, t_inner: tl.tensor, t_stride: tl.tensor, t_outer: tl.tensor, ignore: tl.tensor,
+           cap: tl.tensor, inv_cap: tl.tensor, TILE: tl.constexpr, ROWS: tl.constexpr, NT: tl.constexpr,
+           HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, CAPPED: tl.constexpr) -> None:
     """Per-row values from the tile states of ROWS rows, combined in float64
-    by a fixed reduction over the tiles (NT: n_tiles to a power of 2)."""
+    by a fixed reduction over the tiles (NT: n_tiles to a power of 2); with
+    targets, each row's flags F_COUNTED / F_OOB and its target."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
     rows64 = rows.to(tl.int64)
+    g = row0 + rows64
     plane = n_tiles * n_rows
     tgt = tl.zeros([ROWS], tl.int64)
     counted = rmask
+    oob = rows < 0
+    base = out_ptr + g
     if HAS_TGT:
-        tgt = tl.load(tgt_ptr + rows64, mask=rmask, other=-1)
-        counted = rmask & (tgt >= 0)
+        tgt = tl.load(_at(tgt_ptr, g, t_inner, t_stride, t_outer), mask=rmask, other=-1).to(tl.int64)
+        tl.store(base + _O_TARGETS * n_total, tgt.to(tl.float64), mask=rmask)
+        oob = rmask & (tgt >= 0) & (tgt != ignore) & (tgt >= n_cols)
+        counted = rmask & _live(tgt, ignore, n_cols)
     tgt = tl.where(counted, tgt, 0)
     ninf = float("-inf")
     # all of a row's tiles at once (no loop: triton 3.7's thread-locality
@@ -276,10 +302,9 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     amax = kz.to(tl.float64) * TILE + am.to(tl.float64)
     nll = tl.zeros([ROWS], tl.float64)
     if HAS_TGT:
-        zt = tl.load(z_ptr + rows64 * z_stride + tgt, mask=counted, other=0.0)
+        zt = tl.load(_at(z_ptr, g, z_inner, z_stride, z_outer) + tgt, mask=counted, other=0.0)
         nll = (M64 - _capped64(zt, cap, CAPPED)) + ls
     ent = ls - T / S
-    base = out_ptr + row0 + rows64
     tl.store(base + _O_NLL * n_total, tl.where(counted, _nonneg(nll), 0.0), mask=rmask)
     tl.store(base + _O_ENT * n_total, tl.where(counted, _nonneg(ent), 0.0), mask=rmask)
     tl.store(base + _O_AMAX * n_total, tl.where(counted, amax, -1.0), mask=rmask)
@@ -295,17 +320,35 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         ramax = kr.to(tl.float64) * TILE + ram.to(tl.float64)
         rnll = tl.zeros([ROWS], tl.float64)
         if HAS_TGT:
-            rt = tl.load(r_ptr + rows64 * r_stride + tgt, mask=counted, other=0.0)
+            rt = tl.load(_at(r_ptr, g, r_inner, r_stride, r_outer) + tgt, mask=counted, other=0.0)
             rnll = (RM64 - _capped64(rt, cap, CAPPED)) + rls
         tl.store(base + _O_KL * n_total, tl.where(counted, _nonneg(kl), 0.0), mask=rmask)
         tl.store(base + _O_RAMAX * n_total, tl.where(counted, ramax, -1.0), mask=rmask)
         tl.store(base + _O_RNLL * n_total, tl.where(counted, _nonneg(rnll), 0.0), mask=rmask)
-    tl.store(base + _O_FLAGS * n_total, tl.where(counted, flags, 0).to(tl.float64), mask=rmask)
+    flags = tl.where(counted, flags | _F_COUNTED, 0)
+    if HAS_TGT:
+        flags = flags | tl.where(oob, _F_OOB | _F_COUNTED, 0)
+    tl.store(base + _O_FLAGS * n_total, flags.to(tl.float64), mask=rmask)
 
 
 # test hooks: a smaller tile, a fixed number of tiles a program
 _tile = TILE
 _per_prog: Optional[int] = None
+
+
+_SMS: Dict[torch.device, int] = {}
+
+
+def _sms(device: torch.device) -> int:
+    """The device's multiprocessors (asked once a device)."""
+    if device.type != "cuda":
+        return 132
+    n = _SMS.get(device)
+    if n is None:
+        import torch
+
+        n = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def _programs_per_row(n_rows: int, n_tiles: int, device: torch.device) -> int:
@@ -314,11 +357,7 @@ def _programs_per_row(n_rows: int, n_tiles: int, device: torch.device) -> int:
     programs do (few long rows). Changes no result."""
     if _per_prog is not None:
         return max(1, min(_per_prog, n_tiles))
-    sms = 132
-    if device.type == "cuda":
-        import torch
-
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sms(device)
     want = 32 * sms  # programs: several waves, for an even finish
     per = max(1, min(n_tiles, (n_rows * n_tiles) // want))
     progs = -(-n_tiles // per)
@@ -344,10 +383,10 @@ def usable(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool = False) -> boo
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: torch.Tensor,
-            tgt_all: Optional[torch.Tensor], cap: float) -> None:
+            targets: Optional[torch.Tensor], ignore: int, cap: float) -> None:
     """The kernels' per-row values and flags into res, on the device (the
-    targets tgt_all: -1 where a row is not counted); nothing waits for the
-    device."""
+    targets: a tensor there, read there, rows counted where neither
+    negative nor ignore); nothing waits for the device."""
     import torch
 
     dev = lg.keep.device
@@ -359,17 +398,33 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: tor
     try:
         # on the tensors' device (the launch goes to the current one), and
         # the interpreter's numpy sees -inf - -inf in masked lanes
-        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext(), \
-                np.errstate(all="ignore"):
-            _launch(lg, ref, tgt_all, res, states, group, n_tiles, tile, ref is not None, out.entropy is not None,
-                    out.argmax is not None, cap)
+        with torch.cuda.device(dev) if dev.type == "cuda" and dev != _current(dev) else contextlib.nullcontext(), \
+                np.errstate(all="ignore") if INTERPRET else contextlib.nullcontext():
+            _launch(lg, ref, targets, ignore, res, states, group, n_tiles, tile, ref is not None,
+                    out.entropy is not None, out.argmax is not None, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
 
 
-def _launch(lg: CudaLogits, ref: Optional[CudaLogits], tgt_all: Optional[torch.Tensor], res: torch.Tensor,
-            states: torch.Tensor, group: int, n_tiles: int, tile: int, has_ref: bool, want_ent: bool, want_amax: bool,
-            cap: float) -> None:
+def _current(dev: torch.device) -> torch.device:
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _rows_of(x: Optional[torch.Tensor], lg: CudaLogits) -> Tuple[int, int, int]:
+    """(inner, stride, outer) of a targets tensor of lg's leading shape, or flat."""
+    if x is None:
+        return (1, 0, 0)
+    shape = tuple(int(k) for k in x.shape)
+    rows = collapse(shape, x.stride())
+    assert rows is not None, "lmmetrics: internal error: targets no two strides describe"
+    return rows[1:]
+
+
+def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.Tensor], ignore: int,
+            res: torch.Tensor, states: torch.Tensor, group: int, n_tiles: int, tile: int, has_ref: bool,
+            want_ent: bool, want_amax: bool, cap: float) -> None:
     dev = lg.keep.device
     n = lg.n_rows
     V = lg.n_cols
@@ -377,19 +432,23 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], tgt_all: Optional[torch.T
     inv_hi = float(np.float32(1.0 / capf))
     inv_lo = float(np.float32(1.0 / capf - inv_hi))
     nt = triton.next_power_of_2(n_tiles)
-    for span, z, r in row_chunks(lg.keep, None if ref is None else ref.keep, group):
-        rows = span.stop - span.start
-        r = r if r is not None else z
-        tg = tgt_all[span] if tgt_all is not None else z
-        st = states[:, :, :rows] if rows == states.shape[2] else \
+    z = lg.keep
+    r = z if ref is None else ref.keep
+    zr = lg.rows
+    rr = zr if ref is None else ref.rows
+    tg = z if targets is None else targets
+    tr = _rows_of(targets, lg)
+    for row0 in range(0, n, group):
+        rows = min(group, n - row0)
+        st = states if rows == states.shape[2] else \
             states.view(-1)[: _NFIELDS * n_tiles * rows].view(_NFIELDS, n_tiles, rows)
         per = _programs_per_row(rows, n_tiles, dev)
         grid = (rows, (n_tiles + per - 1) // per)
-        _tiles[grid](z, r, tg, st, rows, V, z.stride(0), r.stride(0), n_tiles, per,
-                     capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=tgt_all is not None, HAS_REF=has_ref,
+        _tiles[grid](z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_tiles, per,
+                     capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=targets is not None, HAS_REF=has_ref,
                      WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
         mrows = max(1, min(16, _MERGE_ELEMS // nt))
         _merge[((rows + mrows - 1) // mrows,)](
-            st, z, r, tg, res, rows, span.start, n, n_tiles, z.stride(0), r.stride(0),
-            capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=tgt_all is not None,
+            st, z, r, tg, res, rows, row0, n, V, n_tiles, *zr, *rr, *tr, ignore,
+            capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=targets is not None,
             HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
