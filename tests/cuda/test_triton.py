@@ -10,8 +10,10 @@ checks that they do not spill registers.
 """
 import math
 import os
+import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -61,7 +63,7 @@ def _route(tile=256):
     routed = lambda x: isinstance(x, torch.Tensor)  # noqa: E731
     _inputs.is_cuda = routed
     _cuda._force_triton = True
-    _triton._tile = tile
+    _triton._span = tile
     calls = []
     launch = _triton.compute
     _triton.compute = lambda *a: calls.append(1) or launch(*a)
@@ -327,7 +329,7 @@ def group_gpu_path_edges():
     check_gpu_path_edges("cpu")
     n = len(calls)
     assert n >= 4, n
-    _triton._tile = _triton.TILE
+    _triton._span = _triton.SPAN
     check_gpu_path_edges("cpu")
     assert len(calls) == 2 * n
     print("GROUP OK")
@@ -396,7 +398,7 @@ def group_split_rows():
         _triton._per_prog = None
         assert _triton._programs_per_row(1, 12, torch.device("cpu")) == 1  # one row: a program a tile
     # eight rows; launches of a few rows each, and whole rows a program
-    _triton._tile = 512
+    _triton._span = 512
     z, r, t = _random((8,), 3000, torch.float32, seed=12)
     got1 = _check(z, t, r, label="8 rows")
     old = _triton._STATE_BYTES
@@ -410,12 +412,12 @@ def group_split_rows():
     for k in KEYS:
         np.testing.assert_array_equal(getattr(got1, k), getattr(got2, k))
     # the default tile (2048), on a Llama-3-sized vocabulary (63 programs)
-    _triton._tile = _triton.TILE
+    _triton._span = _triton.SPAN
     zd, rd, td = _random((1,), 128256, torch.bfloat16, seed=13)
     td[:] = 128255
     got = _check(zd, td, rd, softcap=30.0, label="default tile")
     assert got.n_counted == 1
-    _triton._tile = 512
+    _triton._span = 512
     # the summed NLL: float64 sums of the per-row values, 1e-8 relative
     tc = t.clone()
     tc[:] = torch.arange(8) * 300
@@ -464,8 +466,9 @@ def group_layouts_and_api():
     ti[:] = torch.tensor([5, -100, 599, -5, 600])
     states = torch.full((_triton._NFIELDS, 3, 5), math.nan)
     res = torch.zeros(_triton._N_RESULTS, 5, dtype=torch.float64)
+    asked = types.SimpleNamespace(entropy=True, argmax=True, rank=None)
     with np.errstate(all="ignore"):
-        _triton._launch(_cuda.describe(zi), None, ti, -100, res, states, 5, 3, 256, False, True, True, 0.0)
+        _triton._launch(_cuda.describe(zi), None, ti, -100, res, states, 5, 3, asked, 0.0)
     assert states[:, :, [1, 3, 4]].isnan().all() and not states[:5, :, [0, 2]].isnan().any()
     np.testing.assert_allclose(res[1].numpy()[[0, 2]], ref_nll(zi.double().numpy()[[0, 2]], ti.numpy()[[0, 2]]),
                                atol=TOL, rtol=TOL)
@@ -511,9 +514,11 @@ def group_layouts_and_api():
 
 
 def group_rank_and_top_logprob():
-    """top_logprob from the kernel's merge (-log S) against the core, the
-    rows the exact path redoes included; a request with the rank keeps the
-    torch path (no launch) and counts as the core does."""
+    """The rank (the logits above the target's, and those equal to it at a
+    lower column: ties across lanes, tiles and spans) and top_logprob
+    (-log S) from the kernel, in its one launch, against the core, the rows
+    the exact path redoes (+inf) included; with a softcap on a grid of
+    values (no near-ties for the two cappings' last bits to split)."""
     import torch
 
     from lmmetrics import _engine
@@ -524,18 +529,35 @@ def group_rank_and_top_logprob():
     z[0, 1, 7] = math.inf
     t = torch.randint(0, 1100, (3, 5), generator=g)
     t[1, 2] = -100
+    z[2, 0, :] = 0.5                          # every column tied: rank = the target's column
+    z[2, 1, :] = -math.inf                    # the target at -inf: every finite logit above it
+    z[2, 1, 1000:] = 1.0
+    z[2, 2, [3, 700, 1099]] = 40.0            # the max tied across spans, the target at its last
+    t[2, 2] = 1099
+    z[2, 3, [3, 700, 1099]] = 40.0            # ... and at its first
+    t[2, 3] = 3
+    r = torch.randn(3, 5, 1100, generator=g)
     for dtype in (torch.float32, torch.bfloat16):
         for cap in (None, 20.0):
             x = z.to(dtype)
-            want = _engine.run(_np(x), t.numpy(), softcap=cap, nll=True, rank=True, top_logprob=True)
+            kw = dict(softcap=cap, nll=True, rank=True, top_logprob=True)
+            want = _engine.run(_np(x), t.numpy(), **kw)
             n = len(calls)
-            got = _engine.run(x, t, softcap=cap, nll=True, top_logprob=True)
-            assert len(calls) == n + 1
-            np.testing.assert_allclose(got.top_logprob, want.top_logprob, atol=TOL, rtol=TOL)
-            got = _engine.run(x, t, softcap=cap, rank=True, top_logprob=True)
-            assert len(calls) == n + 1, "a request with the rank took the Triton kernel"
+            got = _engine.run(x, t, **kw)
+            assert len(calls) == n + 1, "the rank took the torch path"
             np.testing.assert_array_equal(got.rank, want.rank)
-            np.testing.assert_allclose(got.top_logprob, want.top_logprob, atol=3e-5, rtol=3e-5)
+            if cap is None:
+                # (row 11: the 100 finite ones, and the -inf ones before the target, tied with it)
+                t21 = int(t[2, 1])
+                assert got.rank[10:14].tolist() == [t[2, 0], 100 + t21 if t21 < 1000 else t21 - 1000, 2, 0]
+            np.testing.assert_allclose(got.top_logprob, want.top_logprob, atol=TOL, rtol=TOL)
+            np.testing.assert_allclose(got.nll, want.nll, atol=TOL, rtol=TOL)
+            alone = _engine.run(x, t, softcap=cap, rank=True)
+            np.testing.assert_array_equal(alone.rank, want.rank)
+            every = _engine.run(x, t, r.to(dtype), softcap=cap, rank=True, nll=True, entropy=True, argmax=True,
+                                kl=True)
+            np.testing.assert_array_equal(every.rank, want.rank)
+            assert len(calls) == n + 3
     print("GROUP OK")
 
 
@@ -554,14 +576,14 @@ def group_one_transfer():
     z, r, t = _random((40,), 700, torch.float32, seed=31)
     t[::6] = -100
     tn = t.numpy()
-    old = lmmetrics.set_cuda_chunk_bytes(2 * 3 * _triton._NFIELDS * 4 * 3)  # 3 rows (3 tiles each) a group
+    old = lmmetrics.set_cuda_chunk_bytes(2 * 3 * _triton._NFIELDS * 4 * 3)  # 3 rows (3 spans each) a group
     try:
         with pytest.MonkeyPatch.context() as mp:
             reads = HostReads(mp)
 
             kw = dict(nll=True, entropy=True, argmax=True, kl=True, ref_nll=True, top_logprob=True)
             with reads as events:
-                mp.setattr(_triton, "_tiles", _Counted(_triton._tiles, events, "chunk"))
+                mp.setattr(_triton, "_spans", _Counted(_triton._spans, events, "chunk"))
                 got = _engine.run(z, tn, r, **kw)
             n = events.count("chunk")
             assert n > 10 and events == ["chunk"] * n + ["cpu", "numpy"], events
@@ -610,7 +632,7 @@ def group_targets_stay_on_the_device():
     with pytest.MonkeyPatch.context() as mp:
         reads = HostReads(mp)
         with reads as events:
-            mp.setattr(_triton, "_tiles", _Counted(_triton._tiles, events, "tiles"))
+            mp.setattr(_triton, "_spans", _Counted(_triton._spans, events, "tiles"))
             mp.setattr(_triton, "_merge", _Counted(_triton._merge, events, "merge"))
             mp.setattr(_cuda, "to_device", lambda *a: events.append("upload") or to_device(*a))
             to_device = _engine.device.to_device
@@ -708,74 +730,105 @@ def group_compile_sm90():
         return
 
     def usage(fn, sig, cons, warps, arch=90, aligned=()):
-        """(registers, stack, local memory, PTX) of fn compiled for sm_<arch>;
-        aligned: the arguments marked divisible by 16, as the launcher
-        marks them when they are (pointers from torch, a vocabulary of a
-        multiple of 16)."""
+        """(registers, stack, local memory, PTX, SASS) of fn compiled for
+        sm_<arch>; aligned: the arguments marked divisible by 16, as the
+        launcher marks them when they are (pointers from torch, a
+        vocabulary of a multiple of 16)."""
         idx = {(fn.arg_names.index(k),): v for k, v in cons.items()}
-        attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+        attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned if k in sig}
         k = triton.compile(ASTSource(fn=fn, signature=dict(sig, **{c: "constexpr" for c in cons}),
                                      constexprs=idx, attrs=attrs),
                            target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         try:
-            rep = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True,
-                                 text=True, check=True).stdout
+            rep = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                                 check=True).stdout
+            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
         finally:
             os.unlink(f.name)
         line = [ln for ln in rep.splitlines() if "REG:" in ln][0]
         fields = dict(kv.split(":") for kv in line.split() if ":" in kv)
-        return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), k.asm["ptx"]
+        return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), k.asm["ptx"], sass
+
+    def inner_loop(sass):
+        """The SASS instructions of the innermost loop: the shortest span of
+        a conditional branch backwards."""
+        best = None
+        for ln in sass.splitlines():
+            m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+@!?P\d\s+BRA\s+0x([0-9a-f]+)", ln)
+            if m and int(m.group(2), 16) < int(m.group(1), 16):
+                n = (int(m.group(1), 16) - int(m.group(2), 16)) // 16 + 1
+                best = n if best is None else min(best, n)
+        return best
 
     rows_sig = {f"{p}_{k}": "i64" for p in "zrt" for k in ("inner", "stride", "outer")}
-    tiles_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "row0": "i64",
-                 "n_rows": "i32", "n_cols": "i32", **rows_sig, "ignore": "i64", "n_tiles": "i32",
+    spans_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "row0": "i64",
+                 "n_rows": "i32", "n_cols": "i32", **rows_sig, "ignore": "i64", "n_spans": "i32",
                  "per_prog": "i32", "cap": "fp32", "inv_cap": "fp32", "inv_lo": "fp32"}
     aligned = ("z_ptr", "r_ptr", "tgt_ptr", "st_ptr", "n_cols", "z_stride", "r_stride", "z_outer", "r_outer")
-    for dt in ("*fp32", "*bf16", "*fp16"):
-        for ref, capped in ((False, False), (True, True)):
-            sig = dict(tiles_sig, z_ptr=dt, r_ptr=dt)
-            reg, stack, local, ptx = usage(_triton._tiles, sig,
-                                           dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=ref, WANT_ENT=True,
-                                                WANT_AMAX=True, CAPPED=capped),
-                                           _triton.NUM_WARPS, aligned=aligned)
-            loads = {w: ptx.count(w) for w in ("ld.global.v4", "ld.global.b16", "ld.global.b32")}
-            print("tiles", dt, ref, capped, reg, stack, local, loads)
-            assert stack == 0 and local == 0 and reg <= 255, (dt, ref, capped, reg, stack, local)
-            # the logits are read with 16-byte vector loads
-            per_thread = _triton.TILE // (32 * _triton.NUM_WARPS) * int(dt[-2:]) // 8 // 16
-            assert loads["ld.global.v4"] == per_thread * (2 if ref else 1), loads
-            assert loads["ld.global.b16"] == 0, loads
+    off = dict(HAS_REF=False, WANT_ENT=False, WANT_AMAX=False, WANT_RANK=False, CAPPED=False)
+    # (variant, its asks, SASS instructions an element of its loop at most, registers at most):
+    # the budget at 0.85 of an H100's read is ~23 an element in 16 bits,
+    # ~47 in 32 (a KL pair: ~50); registers bound the warps a multiprocessor holds
+    variants = (("nll", {}, 11, 40), ("evaluate", dict(WANT_ENT=True, WANT_AMAX=True), 15, 48),
+                ("evaluate+rank", dict(WANT_ENT=True, WANT_AMAX=True, WANT_RANK=True), 20, 96),
+                ("kl", dict(HAS_REF=True, WANT_ENT=True, WANT_AMAX=True), 32, 160),
+                ("kl+capped+rank", dict(HAS_REF=True, WANT_ENT=True, WANT_AMAX=True, WANT_RANK=True,
+                                        CAPPED=True), None, 255))
+    for dt, name in (("*fp32", "float32"), ("*bf16", "bfloat16"), ("*fp16", "float16")):
+        vec, lrows, tps, warps = _triton.geometry(name)
+        per_thread = lrows * vec // (32 * warps)  # elements a thread reads a tile
+        sig = dict(spans_sig, z_ptr=dt, r_ptr=dt)
+        for label, asks, per_elem, regs in variants:
+            cons = dict(VEC=vec, LROWS=lrows, TPS=tps, HAS_TGT=True, **dict(off, **asks))
+            reg, stack, local, ptx, sass = usage(_triton._spans, sig, cons, warps, aligned=aligned)
+            loop = inner_loop(sass)
+            print(name, label, "registers", reg, "loop", loop, "an element", loop / per_thread)
+            assert stack == 0 and local == 0 and reg <= regs, (name, label, reg, stack, local)
+            if per_elem is not None:
+                assert loop / per_thread <= per_elem, (name, label, loop / per_thread)
+            # 16-byte loads, one a lane-row a tile (two with the reference), read once (evict first)
+            loads = len(re.findall(r"LDG\.E\.EF\.128", sass))
+            assert loads == per_thread // vec * (2 if asks.get("HAS_REF") else 1), (name, label, loads)
+            # no reduction across threads in the tile loop: as many shuffles and
+            # barriers with twice the tiles a span
+            twice = usage(_triton._spans, sig, dict(cons, TPS=2 * tps), warps, aligned=aligned)[4]
+            for op in ("SHFL", "BAR"):
+                assert sass.count(op) == twice.count(op), (name, label, op)
     merge_sig = {"st_ptr": "*fp32", "z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "out_ptr": "*fp64",
-                 "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_cols": "i32", "n_tiles": "i32", **rows_sig,
+                 "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_cols": "i32", "n_spans": "i32", **rows_sig,
                  "ignore": "i64", "cap": "fp32", "inv_cap": "fp32"}
-    for nt in (64, 512):  # V = 128256, 1M at the default tile
-        rows = max(1, min(16, _triton._MERGE_ELEMS // nt))
-        reg, stack, local, _ = usage(_triton._merge, merge_sig,
-                                  dict(TILE=_triton.TILE, ROWS=rows, NT=nt, HAS_TGT=True, HAS_REF=True,
-                                       WANT_ENT=True, CAPPED=True), 4)
-        print("merge", nt, reg, stack, local)
-        assert stack == 0 and local == 0, (nt, reg, stack, local)
-    # the other variants: no targets (entropy, KL only), and arguments the
-    # launcher specializes to constants (1 row, 1 tile, 1 tile a program)
-    for cons in (dict(HAS_TGT=False, HAS_REF=True, WANT_ENT=False, WANT_AMAX=False, CAPPED=False),
-                 dict(HAS_TGT=False, HAS_REF=False, WANT_ENT=True, WANT_AMAX=True, CAPPED=True),
-                 dict(HAS_TGT=True, HAS_REF=True, WANT_ENT=True, WANT_AMAX=True, CAPPED=True,
-                      n_rows=1, n_tiles=1, per_prog=1)):
-        sig = {k: v for k, v in tiles_sig.items() if k not in cons}
-        assert usage(_triton._tiles, sig, dict(TILE=_triton.TILE, **cons), _triton.NUM_WARPS)[1:3] == (0, 0)
-        mcons = dict(TILE=_triton.TILE, ROWS=16, NT=1 if "n_tiles" in cons else 64,
-                     **{k: v for k, v in cons.items() if k in ("HAS_TGT", "HAS_REF", "WANT_ENT", "CAPPED",
-                                                              "n_rows", "n_tiles")})
+    every = dict(HAS_TGT=True, HAS_REF=True, WANT_ENT=True, WANT_RANK=True, CAPPED=True)
+    for ns in (8, _triton._MERGE_ELEMS):  # V = 128256, the most spans the path takes
+        rows = max(1, min(16, _triton._MERGE_ELEMS // ns))
+        reg, stack, local = usage(_triton._merge, merge_sig, dict(ROWS=rows, NS=ns, **every), 4)[:3]
+        print("merge", ns, reg, stack, local)
+        assert stack == 0 and local == 0, (ns, reg, stack, local)
+    # the other variants: no targets (entropy, KL only), and a vocabulary of
+    # one (the launcher specializes an argument of 1 to a constant; the
+    # counts of rows and spans it does not)
+    vec, lrows, tps, warps = _triton.geometry("bfloat16")
+    for cons in (dict(HAS_TGT=False, HAS_REF=True, WANT_ENT=False, WANT_AMAX=False, WANT_RANK=False, CAPPED=False),
+                 dict(HAS_TGT=False, HAS_REF=False, WANT_ENT=True, WANT_AMAX=True, WANT_RANK=False, CAPPED=True),
+                 dict(every, HAS_REF=False, WANT_AMAX=True, n_cols=1)):
+        sig = {k: v for k, v in spans_sig.items() if k not in cons}
+        got = usage(_triton._spans, sig, dict(VEC=vec, LROWS=lrows, TPS=tps, **cons), warps)[:3]
+        assert got[1:3] == (0, 0), (cons, got)
+        mcons = dict(ROWS=16, NS=1 if "n_cols" in cons else 8,
+                     **{k: v for k, v in cons.items() if k in ("HAS_TGT", "HAS_REF", "WANT_ENT", "WANT_RANK", "CAPPED",
+                                                              "n_cols")})
         msig = {k: v for k, v in merge_sig.items() if k not in mcons}
         assert usage(_triton._merge, msig, mcons, 4)[1:3] == (0, 0)
-    # and for sm_80 (A100), the largest variant of each kernel
-    sig = dict(tiles_sig, z_ptr="*bf16", r_ptr="*bf16")
-    assert usage(_triton._tiles, sig, dict(TILE=_triton.TILE, HAS_TGT=True, HAS_REF=True, WANT_ENT=True,
-                                           WANT_AMAX=True, CAPPED=True), _triton.NUM_WARPS, arch=80)[1:3] == (0, 0)
-    assert usage(_triton._merge, merge_sig, dict(TILE=_triton.TILE, ROWS=16, NT=64, HAS_TGT=True, HAS_REF=True,
-                                                 WANT_ENT=True, CAPPED=True), 4, arch=80)[1:3] == (0, 0)
+    # and for sm_80 (A100): the KL pass of each layout, and the merge
+    for dt, name in (("*fp32", "float32"), ("*bf16", "bfloat16")):
+        vec, lrows, tps, warps = _triton.geometry(name)
+        got = usage(_triton._spans, dict(spans_sig, z_ptr=dt, r_ptr=dt),
+                    dict(VEC=vec, LROWS=lrows, TPS=tps, **dict(off, **variants[3][1]), HAS_TGT=True), warps,
+                    arch=80)[:3]
+        print("sm_80", name, got)
+        assert got[1:3] == (0, 0), (name, got)
+    assert usage(_triton._merge, merge_sig, dict(ROWS=16, NS=8, **every), 4, arch=80)[1:3] == (0, 0)
     print("GROUP OK")
 
 

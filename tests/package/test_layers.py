@@ -131,7 +131,7 @@ def test_tile_flags_are_the_low_bits_in_order():
     """The Triton tiles pack their flags as bit b from count field b."""
     from lmmetrics._engine.cuda import layout
 
-    assert layout.TILE_FLAGS == tuple(1 << b for b in range(len(layout.TILE_FLAGS)))
+    assert layout.SPAN_FLAGS == tuple(1 << b for b in range(len(layout.SPAN_FLAGS)))
     flags = [getattr(layout, n) for n in dir(layout) if n.startswith("F_")]
     assert sorted(flags) == [1 << b for b in range(len(flags))]  # one bit each
 
@@ -149,6 +149,8 @@ def test_the_outputs_are_one_list():
     assert [f for f in fields if f in request.OUTPUTS] == list(request.OUTPUTS)
     assert set(typing.get_args(request.FloatOutput)) | set(typing.get_args(request.IndexOutput)) == set(request.OUTPUTS)
     assert set(typing.get_args(request.IndexOutput)) == set(request.INDEX_OUTPUTS)
-    assert layout.N_RESULTS == 1 + len(request.OUTPUTS)
-    assert sorted(layout.row(n) for n in request.OUTPUTS) == list(range(1, layout.N_RESULTS))
+    # the GPU result buffer: the flags, each output, the targets
+    assert layout.N_RESULTS == 2 + len(request.OUTPUTS) and layout.RES_TARGETS == layout.N_RESULTS - 1
+    assert sorted([layout.RES_FLAGS, layout.RES_TARGETS] + [layout.row(n) for n in request.OUTPUTS]) == \
+        list(range(layout.N_RESULTS))
     assert os.path.basename(request.__file__) == "request.py"

@@ -78,7 +78,7 @@ _force_triton = False
 _triton_failed = False
 
 
-def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
+def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
     """The Triton module when it takes these logits, else None."""
     if _triton_failed or os.environ.get("LMMETRICS_TRITON", "1") == "0":
         return None
@@ -88,7 +88,7 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool) -> Any:
         from . import triton as _triton
     except Exception:  # triton absent or unusable here: the torch path
         return None
-    return _triton if _triton.usable(lg, ref, rank) else None
+    return _triton if _triton.usable(lg, ref) else None
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets: Any, ignore_index: int,
@@ -124,7 +124,7 @@ def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: floa
     if targets is None and out.targets is not None:
         targets = to_device(np.where(out.counted, out.targets, -1), dev)
     res = torch.empty((N_RESULTS, lg.n_rows), dtype=torch.float64, device=dev)
-    tri = _triton_for(lg, ref, out.rank is not None)
+    tri = _triton_for(lg, ref)
     if tri is not None:
         try:
             tri.compute(lg, ref, out, res, targets, ignore_index, cap)

@@ -70,8 +70,8 @@ F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF, F_REDO = 1, 2
 F_COUNTED, F_OOB = 256, 512
 ERRORS = F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF
 SLOW = F_INF | F_INF_REF | F_CROSS | F_REDO
-# the flags a Triton tile counts, bit b of its flags from its 12-bit count field b
-TILE_FLAGS = (F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS)
+# the flags a span of the Triton kernel sets (its low bits, in this order)
+SPAN_FLAGS = (F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS)
 
 
 def row(name: str) -> int:

@@ -1,31 +1,37 @@
 """CUDA tensors through Triton: every per-row value in one read of the logits.
 
-The vocabulary axis is cut into tiles of ``TILE`` elements. The first
-kernel (``_tiles``) reduces each (row, tile) to a small state, in float32:
-the tile's max m, the sums s = sum e, e = exp(z - m), and t = sum e (z - m)
-(entropy), the first index of the max, flags (NaN, +inf); with a reference
-buffer, read in the same pass, its max, sum, first argmax and the KL cross
-term c = sum e_r ((r - rm) - (z - m)). A softcap c tanh(z / c) is applied on
-the fly. The second kernel (``_merge``) combines a row's tile states in
-float64, in a fixed order, and writes the per-row values. A program of the
-first kernel takes a run of consecutive tiles of one row, so few long rows
-still spread over many programs; the states, and so the results, depend
-only on the tile size, never on how many tiles a program takes, how many
-rows a launch holds, or how many multiprocessors the device has. Extra memory: 36 bytes a tile of the
-rows in flight (bounded) and 64 bytes a row with the targets; no N x V
+The vocabulary axis is cut into spans of ``SPAN`` elements. The first
+kernel (``_spans``) reduces each (row, span) to a small state, in float32:
+the span's max m, the sums s = sum e, e = exp(z - m), and t = sum e (z - m)
+(entropy), the first column of the max, the count of logits ranking before
+the target's (above it, or equal to it at a lower column: the rank), flags
+(NaN, +inf); with a reference buffer, read in the same pass, its max, sum,
+first argmax and the KL cross term c = sum e_r ((r - rm) - (z - m)). A
+softcap c tanh(z / c) is applied on the fly. Inside a span, each thread
+owns lane-rows of 16 contiguous bytes of every tile and keeps a running
+(max, sums) for each, reduced inside the thread; the reductions across
+threads run once a span, not once a tile (one exp an element, and 1/VEC
+more for the rescaling). The second kernel (``_merge``) combines a row's
+span states in float64, in a fixed order, and writes the per-row values.
+A program of the first kernel takes a run of consecutive spans of one row,
+so few long rows still spread over many programs; the states, and so the
+results, depend only on the layout of the logits' dtype (``_LAYOUTS``),
+never on how many spans a program takes, how many rows a launch holds, or
+how many multiprocessors the device has. Extra memory: 40 bytes a span of
+the rows in flight (bounded) and the pass's result buffer; no N x V
 temporary.
 
-Ignored rows (target negative or ``ignore_index``) are not read. Rows that
-hold +inf, or whose KL cross term is beyond float range (the model masks
-where the reference does not), are done again by the exact torch path of
-`lmmetrics._engine.cuda`; NaN and all -inf rows among the counted ones raise
-the native core's errors, naming the first bad row. The per-row values go
-into the pass's buffer on the device (`lmmetrics._engine.cuda.layout.N_RESULTS`
-values a row), which `lmmetrics._engine.cuda` brings to the host once when the
-pass ends: no launch waits for the device. float64 logits keep the
-torch path, and so does a request for the rank (the logits above the
-target's and those tied with it before it: `usable` says no; the top token's log-probability, -log S
-against the row's max, comes from the merge).
+Targets are read where they are: a row is counted when its target is
+neither negative nor ``ignore_index``; a counted target not below the
+vocabulary size is flagged (``F_OOB``), and its row not read. Ignored rows
+are not read either. Rows that hold +inf, or whose KL cross term is beyond
+float range (the model masks where the reference does not), are done again
+by the exact torch path of `lmmetrics._engine.cuda`; NaN and all -inf rows
+among the counted ones raise the native core's errors, naming the first
+bad row. The per-row values, flags and targets go into the pass's buffer on
+the device (`lmmetrics._engine.cuda.layout.N_RESULTS` values a row), which
+`lmmetrics._engine.cuda` brings to the host once when the pass ends: no
+launch waits for the device. float64 logits keep the torch path.
 """
 from __future__ import annotations
 
@@ -38,8 +44,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from .layout import (F_COUNTED, F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, F_OOB, N_RESULTS, RES_FLAGS, RES_TARGETS,
-                     TILE_FLAGS, CudaLogits, chunk_bytes, row)
+from .layout import (F_COUNTED, F_CROSS, F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, F_NAN, F_NAN_REF, F_OOB, N_RESULTS,
+                     RES_FLAGS, RES_TARGETS, SPAN_FLAGS, CudaLogits, chunk_bytes, row)
 from ..inputs import collapse
 from ..request import RowResults
 
@@ -47,35 +53,38 @@ if TYPE_CHECKING:
     import torch
 
 
-# Elements of a row a tile holds: the results depend on it (and only on it).
-TILE = 2048
-# 4 warps (16 elements a thread): on an H100 (triton 3.6) NLL over 8192 x
-# 128256 ran 0.45 of a read-only pass in bfloat16 and 0.70 in float32,
-# against 0.35 / 0.67 at 8 warps, 0.22 / 0.44 at 16 and 0.37 / 0.55 at
-# tile 1024 with 4 (the per-tile reductions, not the loads, set the pace)
-NUM_WARPS = 4
-# The merge kernel loads all tiles of ROWS rows at once: ROWS x NT
-# (NT = n_tiles to a power of 2) at most this many; rows whose vocabulary
-# needs more tiles than that (V > 8M at the default tile) keep the torch path.
+# The layout of a pass, per dtype of the logits: VEC elements (16 bytes) a
+# lane-row, LROWS = 32 x warps x (lane-rows a thread) lane-rows a tile,
+# TPS tiles a span of SPAN elements. The results depend on it (and only
+# on it: never on the rows a launch holds, the spans a program takes or
+# the device), so every variant of a dtype (NLL, evaluate, KL, capped)
+# shares it: cross_entropy(z, t) and evaluate(z, t).loss agree to the bit.
+# (dtype: VEC, warps, lane-rows a thread, TPS); SPAN = 16384 for each.
+_LAYOUTS = {"bfloat16": (8, 8, 2, 4), "float16": (8, 8, 2, 4), "float32": (4, 4, 4, 8)}
+SPAN = 16384
+# The merge kernel loads all spans of ROWS rows at once: ROWS x NS
+# (NS = n_spans to a power of 2) at most this many; rows whose vocabulary
+# needs more spans (or columns past float32's exact integers, 2^24, where
+# a state holds an argmax) keep the torch path.
 _MERGE_ELEMS = 1024
-_MAX_TILES = 4096
-# Bound on the tile states of the rows in flight, and half the CUDA chunk
+_MAX_COLS = 2**24
+# Bound on the span states of the rows in flight, and half the CUDA chunk
 # setting at most (rows are launched in groups that fit; the outputs still
 # come back in one transfer).
 _STATE_BYTES = 64 * 2**20
-_NFIELDS = 9  # m, s, t, am, flags, rm, rs, c, ram
-# flag bits (per tile, then per row): layout.TILE_FLAGS, bit b a tile's
-# 12-bit count field b, then F_EMPTY, F_EMPTY_REF per row
-_F_INF, _F_INF_REF, _F_EMPTY, _F_EMPTY_REF, _F_COUNTED, _F_OOB = (
-    tl.constexpr(f) for f in (F_INF, F_INF_REF, F_EMPTY, F_EMPTY_REF, F_COUNTED, F_OOB))
-_N_TILE_FLAGS = tl.constexpr(len(TILE_FLAGS))
+_NFIELDS = 10  # m, s, t, am, flags, rm, rs, c, ram, rank
+_F_NAN, _F_INF, _F_NAN_REF, _F_INF_REF, _F_CROSS, _F_EMPTY, _F_EMPTY_REF, _F_COUNTED, _F_OOB = (
+    tl.constexpr(f) for f in (F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF, F_COUNTED, F_OOB))
+_N_SPAN_FLAGS = tl.constexpr(len(SPAN_FLAGS))
 # KL cross-term lanes beyond this take the exact path (as LM_CROSS_BIG)
-_CROSS_BIG = 1e20
-# output rows of the (N_RESULTS, N) float64 result (layout.row; the rank's
-# row is never written: requests with it keep the torch path)
+_CROSS_BIG = tl.constexpr(1e20)
+_LOG2E = tl.constexpr(1.4426950408889634)
+_NEG_BIG = tl.constexpr(-1e30)
+# output rows of the (N_RESULTS, N) float64 result (layout.row)
 _O_FLAGS, _O_TARGETS = tl.constexpr(RES_FLAGS), tl.constexpr(RES_TARGETS)
-_O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_TOP = (
-    tl.constexpr(row(name)) for name in ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "top_logprob"))
+_O_NLL, _O_ENT, _O_AMAX, _O_KL, _O_RAMAX, _O_RNLL, _O_TOP, _O_RANK = (
+    tl.constexpr(row(name)) for name in ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll", "top_logprob",
+                                         "rank"))
 _N_RESULTS = N_RESULTS
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -130,12 +139,12 @@ def _any_bits(fl: tl.tensor, axis: tl.constexpr, NBITS: tl.constexpr) -> tl.tens
 
 
 @triton.jit
-def _side(x: tl.tensor, mask: tl.tensor, offs: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor,
-          CAPPED: tl.constexpr, WANT_T: tl.constexpr, WANT_AM: tl.constexpr) -> tl.tuple:
-    """One side of a tile: values with NaN as -inf, max, shift, e, s, t,
-    first argmax, and the lanes holding NaN and +inf (t and the argmax are 0
-    when not wanted)."""
-    x = x.to(tl.float32)
+def _values(row_ptr: tl.tensor, cols: tl.tensor, n_cols: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor,
+            inv_lo: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
+    """A row's logits at cols in float32 (-inf past the vocabulary), capped
+    c tanh(x / c) with CAPPED; read once, so not kept in the cache."""
+    mask = cols < n_cols
+    x = tl.load(row_ptr + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
     if CAPPED:
         # x / c as x (hi + lo), hi + lo = 1 / c to twice float precision: x
         # times a rounded 1 / c would bias every capped logit one way (where
@@ -143,79 +152,154 @@ def _side(x: tl.tensor, mask: tl.tensor, offs: tl.tensor, cap: tl.tensor, inv_ca
         u = x * inv_cap
         u = tl.where(tl.abs(u) < 1e30, tl.fma(x, inv_cap, x * inv_lo), u)
         x = tl.where(mask, cap * _tanh(u), float("-inf"))
-    nan = x != x
-    xx = tl.where(nan, float("-inf"), x)
-    m = tl.max(xx, 0)
-    ms = tl.where(m == float("-inf"), 0.0, m)
-    # unclamped: a clamp below the max (ms - 128) rounds back to ms when
-    # |ms| passes ~3e9 and would count every lane as the max; masked and
-    # padding lanes give d = -inf, e = 0, and add nothing to t
-    d = xx - ms
-    e = tl.exp(d)
-    s = tl.sum(e, 0)
-    t = 0.0
-    if WANT_T:
-        t = tl.sum(tl.where(e > 0, e * d, 0.0), 0)
-    am = 0
-    if WANT_AM:
-        am = tl.min(tl.where(xx == m, offs, 2147483647), 0)
-    return xx, m, ms, e, s, t, am, nan, xx == float("inf")
+    return x
 
 
 @triton.jit
-def _tiles(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.tensor, row0: tl.tensor,
+def _shift(x: tl.tensor, m: tl.tensor) -> tl.tuple:
+    """A lane-row's running max m (one value a lane-row) after the values x
+    (lane-rows x VEC, reduced inside each thread): the new max, the shift
+    the sums are taken against (0 for -inf), the factor the old sums are
+    scaled by (0 where there were none: it multiplies, so a NaN stays NaN),
+    the old shift, and the values' own max."""
+    xm = tl.max(x, axis=1)
+    m_new = tl.maximum(m, xm)
+    ms = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.where(m == float("-inf"), 0.0, tl.math.exp2((m - m_new) * _LOG2E))
+    mo = tl.where(m == float("-inf"), 0.0, m)
+    return m_new, ms, a, mo, xm
+
+
+@triton.jit
+def _first_max(row_ptr: tl.tensor, m: tl.tensor, M: tl.tensor, bt: tl.tensor, lr: tl.tensor, col0: tl.tensor,
+               n_cols: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor, VEC: tl.constexpr,
+               TILE: tl.constexpr, CAPPED: tl.constexpr) -> tl.tensor:
+    """The first column of a span holding its max M: the first VEC-wide
+    block (the tile a lane-row first reached its max, bt, and the
+    lane-row) read again, its first largest value (the block's own max:
+    equal to M, whatever rounding the two reads of a capped value took)."""
+    blk = tl.min(tl.where(m == M, bt * TILE + lr * VEC, 2147483647), axis=0)
+    blk = tl.where(blk == 2147483647, 0, blk)  # (no lane holds M: a NaN row, an error)
+    v = tl.arange(0, VEC)
+    xv = _values(row_ptr, col0 + blk + v, n_cols, cap, inv_cap, inv_lo, CAPPED)
+    return col0 + blk + tl.min(tl.where(xv == tl.max(xv, axis=0), v, VEC), axis=0)
+
+
+# (counts that vary from call to call are not specialized on: a row, a span
+# or a program's one span would each compile the kernel again)
+@triton.jit(do_not_specialize=("row0", "n_rows", "n_spans", "per_prog", "ignore"))
+def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.tensor, row0: tl.tensor,
            n_rows: tl.tensor, n_cols: tl.tensor, z_inner: tl.tensor, z_stride: tl.tensor, z_outer: tl.tensor,
            r_inner: tl.tensor, r_stride: tl.tensor, r_outer: tl.tensor, t_inner: tl.tensor, t_stride: tl.tensor,
-           t_outer: tl.tensor, ignore: tl.tensor, n_tiles: tl.tensor, per_prog: tl.tensor, cap: tl.tensor,
-           inv_cap: tl.tensor, inv_lo: tl.tensor, TILE: tl.constexpr, HAS_TGT: tl.constexpr,
-           HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr, CAPPED: tl.constexpr) -> None:
-    """The states of tiles [first, first + per_prog) of row row0 + row (see
-    the module's docstring); program (row, j) starts at tile j * per_prog."""
+           t_outer: tl.tensor, ignore: tl.tensor, n_spans: tl.tensor, per_prog: tl.tensor, cap: tl.tensor,
+           inv_cap: tl.tensor, inv_lo: tl.tensor, VEC: tl.constexpr, LROWS: tl.constexpr, TPS: tl.constexpr,
+           HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr,
+           WANT_RANK: tl.constexpr, CAPPED: tl.constexpr) -> None:
+    """The states of spans [first, first + per_prog) of row row0 + row (see
+    the module's docstring); program (row, j) starts at span j * per_prog."""
     row = tl.program_id(0).to(tl.int64)
     g = row0 + row
     first = tl.program_id(1) * per_prog
-    offs = tl.arange(0, TILE)
-    plane = n_tiles * n_rows  # fields of the states (bounded: int32)
+    TILE: tl.constexpr = LROWS * VEC
+    plane = n_spans * n_rows  # fields of the states (bounded: int32)
     n_run = per_prog
-    if HAS_TGT:  # a row not counted (or with a target out of range) is not read, nor are its states
-        target = tl.load(_at(tgt_ptr, g, t_inner, t_stride, t_outer)).to(tl.int64)
-        n_run = tl.where(_live(target, ignore, n_cols), per_prog, 0)
     zrow = _at(z_ptr, g, z_inner, z_stride, z_outer)
     rrow = _at(r_ptr, g, r_inner, r_stride, r_outer)
-    for k in range(0, n_run):
-        tile = first + k
-        if tile < n_tiles:
-            cols = tile * TILE + offs
-            mask = cols < n_cols  # (n_cols, not a value chosen at run time: vector loads)
-            z = tl.load(zrow + cols, mask=mask, other=float("-inf"))
-            zz, m, ms, e, s, t, am, nan, inf = _side(z, mask, offs, cap, inv_cap, inv_lo, CAPPED, WANT_ENT, WANT_AMAX)
-            # the flags' lane counts, 12 bits each (TILE < 4096), in one sum
-            code = nan.to(tl.int64) + (inf.to(tl.int64) << 12)
-            at = st_ptr + tile.to(tl.int64) * n_rows + row
-            tl.store(at, m)
-            tl.store(at + plane, s)
-            tl.store(at + 2 * plane, t)
-            tl.store(at + 3 * plane, am.to(tl.float32))
+    target = tl.program_id(0).to(tl.int64) * 0 - 1
+    if HAS_TGT:  # a row not counted (or with a target out of range) is not read, nor are its states
+        target = tl.load(_at(tgt_ptr, g, t_inner, t_stride, t_outer)).to(tl.int64)
+        live = _live(target, ignore, n_cols)
+        n_run = tl.where(live, per_prog, 0)
+        target = tl.where(live, target, 0)
+    zt = 0.0
+    t32 = target.to(tl.int32)  # (< n_cols when read: int32 compares in the loop)
+    if WANT_RANK:  # the target's logit, as the loop reads it
+        zt = _values(zrow, target, n_cols, cap, inv_cap, inv_lo, CAPPED)
+    lr = tl.arange(0, LROWS)
+    offs = lr[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    ninf = float("-inf")
+    for j in range(0, n_run):
+        span = first + j
+        if span < n_spans:
+            col0 = span * (TPS * TILE)
+            m = tl.full([LROWS], ninf, tl.float32)
+            s = tl.zeros([LROWS], tl.float32)
+            ta = tl.zeros([LROWS], tl.float32)
+            bt = tl.zeros([LROWS], tl.int32)
+            cnt = tl.zeros([LROWS], tl.int32)
+            rm = tl.full([LROWS], ninf, tl.float32)
+            rs = tl.zeros([LROWS], tl.float32)
+            c = tl.zeros([LROWS], tl.float32)
+            rbt = tl.zeros([LROWS], tl.int32)
+            big = tl.full([LROWS], ninf, tl.float32)
+            for k in tl.range(0, TPS):
+                cols = col0 + k * TILE + offs
+                x = _values(zrow, cols, n_cols, cap, inv_cap, inv_lo, CAPPED)
+                m_new, ms, a, mo, xm = _shift(x, m)
+                d = x - ms[:, None]
+                if WANT_ENT or HAS_REF:  # -inf as -1e30: e d = 0, not NaN; a NaN stays NaN
+                    d = tl.maximum(d, _NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
+                e = tl.math.exp2(d * _LOG2E)
+                if WANT_ENT:
+                    ta = a * (ta + tl.maximum(mo - ms, _NEG_BIG) * s) + tl.sum(e * d, axis=1)
+                if WANT_AMAX:
+                    bt = tl.where(xm > m, k, bt)
+                if WANT_RANK:  # above the target's value, or equal to it before its column
+                    lo = t32 - (col0 + k * TILE)  # (offs < lo: the columns before the target's)
+                    before = (x > zt) | ((x == zt) & (offs < lo))
+                    if CAPPED:  # (the target's own value, capped by other code, may differ in its last bit)
+                        before = before & (offs != lo)
+                    cnt += tl.sum(before.to(tl.int32), axis=1)
+                if HAS_REF:
+                    y = _values(rrow, cols, n_cols, cap, inv_cap, inv_lo, CAPPED)
+                    rm_new, rms, ra, rmo, ym = _shift(y, rm)
+                    dr = tl.maximum(y - rms[:, None], _NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
+                    er = tl.math.exp2(dr * _LOG2E)
+                    # c = sum e_r ((r - rm) - (z - m)), moved to both sides' new shifts
+                    c = ra * (c + (tl.maximum(rmo - rms, _NEG_BIG) - tl.maximum(mo - ms, _NEG_BIG)) * rs) \
+                        + tl.sum(er * (dr - d), axis=1)
+                    # a term beyond float (the model masks where the reference does not): the exact path
+                    big = tl.maximum(big, tl.max(tl.where(y > ninf, dr - d, ninf), axis=1))
+                    rs = rs * ra + tl.sum(er, axis=1)
+                    if WANT_AMAX:
+                        rbt = tl.where(ym > rm, k, rbt)
+                    rm = rm_new
+                s = s * a + tl.sum(e, axis=1)
+                m = m_new
+            # once a span: the reductions across lane-rows
+            M = tl.max(m, axis=0)
+            Ms = tl.where(M == ninf, 0.0, M)
+            w = tl.where(m == ninf, 0.0, tl.math.exp2((m - Ms) * _LOG2E))
+            S = tl.sum(s * w, axis=0)
+            at = st_ptr + span.to(tl.int64) * n_rows + row
+            tl.store(at, M)
+            tl.store(at + plane, S)
+            # a NaN or +inf anywhere in the span reaches S (and +inf M)
+            flags = tl.where(S != S, _F_NAN, 0) | tl.where(M == float("inf"), _F_INF, 0)
+            if WANT_ENT:
+                mo = tl.where(m == ninf, 0.0, m)
+                tl.store(at + 2 * plane, tl.sum(w * (ta + tl.maximum(mo - Ms, _NEG_BIG) * s), axis=0))
+            if WANT_AMAX:
+                am = _first_max(zrow, m, M, bt, lr, col0, n_cols, cap, inv_cap, inv_lo, VEC, TILE, CAPPED)
+                tl.store(at + 3 * plane, am.to(tl.float32))
+            if WANT_RANK:
+                tl.store(at + 9 * plane, tl.sum(cnt, axis=0).to(tl.float32))
             if HAS_REF:
-                r = tl.load(rrow + cols, mask=mask, other=float("-inf"))
-                rr, rm, rms, er, rs, rt, ram, rnan, rinf = _side(r, mask, offs, cap, inv_cap, inv_lo, CAPPED, False,
-                                                                 WANT_AMAX)
-                # c = sum e_r d, d = (r - rm) - (z - m) unclamped; lanes with
-                # e_r = 0 add nothing, and a d beyond float sums (the model
-                # masks where the reference does not) sends the row to the
-                # exact path
-                d = (rr - rms) - (zz - ms)
-                c = tl.sum(tl.where(er > 0, er * d, 0.0), 0)
-                big = (rr > float("-inf")) & (d > 1e20)
-                code += (rnan.to(tl.int64) << 24) + (rinf.to(tl.int64) << 36) + (big.to(tl.int64) << 48)
-                tl.store(at + 5 * plane, rm)
-                tl.store(at + 6 * plane, rs)
-                tl.store(at + 7 * plane, c)
-                tl.store(at + 8 * plane, ram.to(tl.float32))
-            n = tl.sum(code, 0)
-            flags = ((n & 4095) > 0).to(tl.int32)
-            for b in tl.static_range(1, _N_TILE_FLAGS):
-                flags = flags | ((((n >> (12 * b)) & 4095) > 0).to(tl.int32) << b)
+                RM = tl.max(rm, axis=0)
+                RMs = tl.where(RM == ninf, 0.0, RM)
+                rw = tl.where(rm == ninf, 0.0, tl.math.exp2((rm - RMs) * _LOG2E))
+                RS = tl.sum(rs * rw, axis=0)
+                rmo = tl.where(rm == ninf, 0.0, rm)
+                mo = tl.where(m == ninf, 0.0, m)
+                C = tl.sum(rw * (c + (tl.maximum(rmo - RMs, _NEG_BIG) - tl.maximum(mo - Ms, _NEG_BIG)) * rs), axis=0)
+                tl.store(at + 5 * plane, RM)
+                tl.store(at + 6 * plane, RS)
+                tl.store(at + 7 * plane, C)
+                if WANT_AMAX:
+                    ram = _first_max(rrow, rm, RM, rbt, lr, col0, n_cols, cap, inv_cap, inv_lo, VEC, TILE, CAPPED)
+                    tl.store(at + 8 * plane, ram.to(tl.float32))
+                flags = flags | tl.where(RS != RS, _F_NAN_REF, 0) | tl.where(RM == float("inf"), _F_INF_REF, 0) \
+                    | tl.where((C - C != 0.0) | (tl.max(big, axis=0) > _CROSS_BIG), _F_CROSS, 0)
             tl.store(at + 4 * plane, flags.to(tl.float32))
 
 
@@ -236,21 +320,21 @@ def _nonneg(v: tl.tensor) -> tl.tensor:
     return tl.where(v < 0, 0.0, v)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("n_rows", "row0", "n_total", "n_spans", "ignore"))
 def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, out_ptr: tl.tensor,
-           n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_cols: tl.tensor, n_tiles: tl.tensor,
+           n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_cols: tl.tensor, n_spans: tl.tensor,
            z_inner: tl.tensor, z_stride: tl.tensor, z_outer: tl.tensor, r_inner: tl.tensor, r_stride: tl.tensor,
            r_outer: tl.tensor, t_inner: tl.tensor, t_stride: tl.tensor, t_outer: tl.tensor, ignore: tl.tensor,
-           cap: tl.tensor, inv_cap: tl.tensor, TILE: tl.constexpr, ROWS: tl.constexpr, NT: tl.constexpr,
-           HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, CAPPED: tl.constexpr) -> None:
-    """Per-row values from the tile states of ROWS rows, combined in float64
-    by a fixed reduction over the tiles (NT: n_tiles to a power of 2); with
+           cap: tl.tensor, inv_cap: tl.tensor, ROWS: tl.constexpr, NS: tl.constexpr, HAS_TGT: tl.constexpr,
+           HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_RANK: tl.constexpr, CAPPED: tl.constexpr) -> None:
+    """Per-row values from the span states of ROWS rows, combined in float64
+    by a fixed reduction over the spans (NS: n_spans to a power of 2); with
     targets, each row's flags F_COUNTED / F_OOB and its target."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
     rows64 = rows.to(tl.int64)
     g = row0 + rows64
-    plane = n_tiles * n_rows
+    plane = n_spans * n_rows
     tgt = tl.zeros([ROWS], tl.int64)
     counted = rmask
     oob = rows < 0
@@ -262,21 +346,24 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         counted = rmask & _live(tgt, ignore, n_cols)
     tgt = tl.where(counted, tgt, 0)
     ninf = float("-inf")
-    # all of a row's tiles at once (no loop: triton 3.7's thread-locality
+    # all of a row's spans at once (no loop: triton 3.7's thread-locality
     # pass fails on reductions accumulated across loop iterations)
-    tj = tl.arange(0, NT)
-    msk = counted[:, None] & (tj < n_tiles)[None, :]
+    tj = tl.arange(0, NS)
+    msk = counted[:, None] & (tj < n_spans)[None, :]
     off = tj[None, :].to(tl.int64) * n_rows + rows64[:, None]
     m = tl.load(st_ptr + off, mask=msk, other=ninf)
     M = tl.max(m, 1)
-    flags = _any_bits(tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32), 1, _N_TILE_FLAGS)
+    flags = _any_bits(tl.load(st_ptr + 4 * plane + off, mask=msk, other=0.0).to(tl.int32), 1, _N_SPAN_FLAGS)
+    # +inf makes a span's sum NaN (inf - inf): NaN there only without it
+    flags = tl.where((flags & _F_INF) != 0, flags & ~_F_NAN, flags)
+    flags = tl.where((flags & _F_INF_REF) != 0, flags & ~_F_NAN_REF, flags)
     M64 = M.to(tl.float64)
     s = tl.load(st_ptr + plane + off, mask=msk, other=0.0).to(tl.float64)
     live = s > 0
     dm = tl.where(live, m.to(tl.float64) - M64[:, None], 0.0)
     ea = tl.where(live, tl.exp(dm), 0.0)
     S = tl.sum(s * ea, 1)
-    kz = tl.min(tl.where(msk & (m == M[:, None]), tj, NT), 1)  # the first tile holding the max
+    kz = tl.min(tl.where(msk & (m == M[:, None]), tj, NS), 1)  # the first span holding the max
     T = tl.zeros([ROWS], tl.float64)
     if WANT_ENT:
         t = tl.load(st_ptr + 2 * plane + off, mask=msk, other=0.0).to(tl.float64)
@@ -293,13 +380,12 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         RS = tl.sum(rs * ar, 1)
         # the cross term moved to the common shifts (M, RM)
         C = tl.sum(tl.where(rlive, ar * (c + (drm - dm) * rs), 0.0), 1)
-        kr = tl.min(tl.where(msk & (rm == RM[:, None]), tj, NT), 1)
+        kr = tl.min(tl.where(msk & (rm == RM[:, None]), tj, NS), 1)
     empty = (M == ninf) & ((flags & _F_INF) == 0)
     flags = flags | tl.where(counted & empty, _F_EMPTY, 0)
     ls = tl.log(S)
-    kz = tl.where(counted & (kz < n_tiles), kz, 0)
-    am = tl.load(st_ptr + 3 * plane + kz.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0)
-    amax = kz.to(tl.float64) * TILE + am.to(tl.float64)
+    kz = tl.where(counted & (kz < n_spans), kz, 0)
+    amax = tl.load(st_ptr + 3 * plane + kz.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0).to(tl.float64)
     nll = tl.zeros([ROWS], tl.float64)
     if HAS_TGT:
         zt = tl.load(_at(z_ptr, g, z_inner, z_stride, z_outer) + tgt, mask=counted, other=0.0)
@@ -310,14 +396,16 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     tl.store(base + _O_AMAX * n_total, tl.where(counted, amax, -1.0), mask=rmask)
     # the top token's log-probability: (M - M) - log S, <= 0
     tl.store(base + _O_TOP * n_total, tl.where(counted, -_nonneg(ls), 0.0), mask=rmask)
+    if WANT_RANK:
+        rank = tl.sum(tl.load(st_ptr + 9 * plane + off, mask=msk, other=0.0).to(tl.float64), 1)
+        tl.store(base + _O_RANK * n_total, tl.where(counted, rank, -1.0), mask=rmask)
     if HAS_REF:
         rempty = (RM == ninf) & ((flags & _F_INF_REF) == 0)
         flags = flags | tl.where(counted & rempty, _F_EMPTY_REF, 0)
         rls = tl.log(RS)
         kl = C / RS - rls + ls
-        kr = tl.where(counted & (kr < n_tiles), kr, 0)
-        ram = tl.load(st_ptr + 8 * plane + kr.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0)
-        ramax = kr.to(tl.float64) * TILE + ram.to(tl.float64)
+        kr = tl.where(counted & (kr < n_spans), kr, 0)
+        ramax = tl.load(st_ptr + 8 * plane + kr.to(tl.int64) * n_rows + rows64, mask=counted, other=0.0).to(tl.float64)
         rnll = tl.zeros([ROWS], tl.float64)
         if HAS_TGT:
             rt = tl.load(_at(r_ptr, g, r_inner, r_stride, r_outer) + tgt, mask=counted, other=0.0)
@@ -331,9 +419,18 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     tl.store(base + _O_FLAGS * n_total, flags.to(tl.float64), mask=rmask)
 
 
-# test hooks: a smaller tile, a fixed number of tiles a program
-_tile = TILE
+# test hooks: shorter spans (SPAN // _span of the default's lane-rows,
+# 2 tiles a span), a fixed number of spans a program
+_span = SPAN
 _per_prog: Optional[int] = None
+
+
+def geometry(dtype: str) -> Tuple[int, int, int, int]:
+    """(VEC, LROWS, TPS, warps) of the layout of logits of dtype."""
+    vec, warps, per_thread, tps = _LAYOUTS[dtype]
+    if _span != SPAN:  # the test hook: spans of _span elements
+        return vec, max(1, _span // (2 * vec)), 2, 1
+    return vec, 32 * warps * per_thread, tps, warps
 
 
 _SMS: Dict[torch.device, int] = {}
@@ -351,17 +448,16 @@ def _sms(device: torch.device) -> int:
     return n
 
 
-def _programs_per_row(n_rows: int, n_tiles: int, device: torch.device) -> int:
-    """Tiles a program takes: whole rows when there are rows enough to fill
+def _programs_per_row(n_rows: int, n_spans: int, device: torch.device) -> int:
+    """Spans a program takes: whole rows when there are rows enough to fill
     the device several times over, else runs short enough that the
     programs do (few long rows). Changes no result."""
     if _per_prog is not None:
-        return max(1, min(_per_prog, n_tiles))
-    sms = _sms(device)
-    want = 32 * sms  # programs: several waves, for an even finish
-    per = max(1, min(n_tiles, (n_rows * n_tiles) // want))
-    progs = -(-n_tiles // per)
-    return -(-n_tiles // progs)  # the same number of tiles in each (63 tiles: 21, 21, 21, not 30, 30, 3)
+        return max(1, min(_per_prog, n_spans))
+    want = 8 * _sms(device)  # programs: several waves, for an even finish
+    per = max(1, min(n_spans, (n_rows * n_spans) // want))
+    progs = -(-n_spans // per)
+    return -(-n_spans // progs)  # the same number of spans in each (63 spans: 21, 21, 21, not 30, 30, 3)
 
 
 class LaunchError(RuntimeError):
@@ -369,15 +465,14 @@ class LaunchError(RuntimeError):
     to the torch path)."""
 
 
-def usable(lg: CudaLogits, ref: Optional[CudaLogits], rank: bool = False) -> bool:
+def usable(lg: CudaLogits, ref: Optional[CudaLogits]) -> bool:
     """Whether the Triton path takes these logits: 16- and 32-bit floats on
     both sides (the kernel works in float32: a float64 reference keeps the
-    torch path, exact in float64) whose vocabulary axis is contiguous, and
-    no rank asked (the torch path counts it)."""
-    if rank:
-        return False
+    torch path, exact in float64) whose vocabulary axis is contiguous."""
     sides = [lg] if ref is None else [lg, ref]
-    if any(x.dtype not in ("float32", "bfloat16", "float16") for x in sides) or lg.n_cols > _MAX_TILES * _tile:
+    if any(x.dtype not in _LAYOUTS for x in sides) or lg.n_cols > _MAX_COLS:
+        return False
+    if -(-lg.n_cols // _span) > _MERGE_ELEMS:
         return False
     return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in sides)
 
@@ -391,17 +486,15 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: tor
 
     dev = lg.keep.device
     n = lg.n_rows
-    tile = _tile
-    n_tiles = (lg.n_cols + tile - 1) // tile
-    group = max(1, min(_STATE_BYTES, chunk_bytes() // 2) // (n_tiles * _NFIELDS * 4))
-    states = torch.empty((_NFIELDS, n_tiles, min(group, n)), dtype=torch.float32, device=dev)
+    n_spans = -(-lg.n_cols // _span)
+    group = max(1, min(_STATE_BYTES, chunk_bytes() // 2) // (n_spans * _NFIELDS * 4))
+    states = torch.empty((_NFIELDS, n_spans, min(group, n)), dtype=torch.float32, device=dev)
     try:
         # on the tensors' device (the launch goes to the current one), and
         # the interpreter's numpy sees -inf - -inf in masked lanes
         with torch.cuda.device(dev) if dev.type == "cuda" and dev != _current(dev) else contextlib.nullcontext(), \
                 np.errstate(all="ignore") if INTERPRET else contextlib.nullcontext():
-            _launch(lg, ref, targets, ignore, res, states, group, n_tiles, tile, ref is not None,
-                    out.entropy is not None, out.argmax is not None, cap)
+            _launch(lg, ref, targets, ignore, res, states, group, n_spans, out, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
 
@@ -412,43 +505,43 @@ def _current(dev: torch.device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _rows_of(x: Optional[torch.Tensor], lg: CudaLogits) -> Tuple[int, int, int]:
-    """(inner, stride, outer) of a targets tensor of lg's leading shape, or flat."""
+def _rows_of(x: Optional[torch.Tensor]) -> Tuple[int, int, int]:
+    """(inner, stride, outer) of a targets tensor (`layout.CudaLogits.rows`)."""
     if x is None:
         return (1, 0, 0)
-    shape = tuple(int(k) for k in x.shape)
-    rows = collapse(shape, x.stride())
+    rows = collapse(tuple(int(k) for k in x.shape), x.stride())
     assert rows is not None, "lmmetrics: internal error: targets no two strides describe"
     return rows[1:]
 
 
 def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.Tensor], ignore: int,
-            res: torch.Tensor, states: torch.Tensor, group: int, n_tiles: int, tile: int, has_ref: bool,
-            want_ent: bool, want_amax: bool, cap: float) -> None:
+            res: torch.Tensor, states: torch.Tensor, group: int, n_spans: int, out: RowResults, cap: float) -> None:
     dev = lg.keep.device
     n = lg.n_rows
     V = lg.n_cols
     capf = float(cap) if cap else 1.0
     inv_hi = float(np.float32(1.0 / capf))
     inv_lo = float(np.float32(1.0 / capf - inv_hi))
-    nt = triton.next_power_of_2(n_tiles)
+    ns = triton.next_power_of_2(n_spans)
+    vec, lrows, tps, warps = geometry(lg.dtype)
     z = lg.keep
     r = z if ref is None else ref.keep
     zr = lg.rows
     rr = zr if ref is None else ref.rows
     tg = z if targets is None else targets
-    tr = _rows_of(targets, lg)
+    tr = _rows_of(targets)
+    has_tgt, has_ref, want_rank = targets is not None, ref is not None, out.rank is not None
+    want = dict(HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=out.entropy is not None, WANT_RANK=want_rank,
+                CAPPED=bool(cap))
     for row0 in range(0, n, group):
         rows = min(group, n - row0)
         st = states if rows == states.shape[2] else \
-            states.view(-1)[: _NFIELDS * n_tiles * rows].view(_NFIELDS, n_tiles, rows)
-        per = _programs_per_row(rows, n_tiles, dev)
-        grid = (rows, (n_tiles + per - 1) // per)
-        _tiles[grid](z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_tiles, per,
-                     capf, inv_hi, inv_lo, TILE=tile, HAS_TGT=targets is not None, HAS_REF=has_ref,
-                     WANT_ENT=want_ent, WANT_AMAX=want_amax, CAPPED=bool(cap), num_warps=NUM_WARPS)
-        mrows = max(1, min(16, _MERGE_ELEMS // nt))
+            states.view(-1)[: _NFIELDS * n_spans * rows].view(_NFIELDS, n_spans, rows)
+        per = _programs_per_row(rows, n_spans, dev)
+        grid = (rows, (n_spans + per - 1) // per)
+        _spans[grid](z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_spans, per, capf, inv_hi, inv_lo,
+                     VEC=vec, LROWS=lrows, TPS=tps, WANT_AMAX=out.argmax is not None, **want, num_warps=warps)
+        mrows = max(1, min(16, _MERGE_ELEMS // ns))
         _merge[((rows + mrows - 1) // mrows,)](
-            st, z, r, tg, res, rows, row0, n, V, n_tiles, *zr, *rr, *tr, ignore,
-            capf, 1.0 / capf, TILE=tile, ROWS=mrows, NT=nt, HAS_TGT=targets is not None,
-            HAS_REF=has_ref, WANT_ENT=want_ent, CAPPED=bool(cap), num_warps=4)
+            st, z, r, tg, res, rows, row0, n, V, n_spans, *zr, *rr, *tr, ignore, capf, 1.0 / capf,
+            ROWS=mrows, NS=ns, **want, num_warps=4)

@@ -123,8 +123,9 @@ def bench_cuda(tokens: int = 2048, vocab: int = 128256, dtypes: Iterable[str] = 
     from ...metrics import cross_entropy
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
-    print_fn(f"lmmetrics bench: CUDA path on {name}; triton {triton.__version__}, tile {_triton.TILE}, "
-             f"{_triton.NUM_WARPS} warps")
+    dtypes = tuple(dtypes)
+    layouts = ", ".join(f"{dt} {_triton.geometry(dt)[3]} warps" for dt in dtypes)
+    print_fn(f"lmmetrics bench: CUDA path on {name}; triton {triton.__version__}, span {_triton.SPAN} ({layouts})")
     measure = _timer(dev, repeat)
     ok = True
     shapes: List[Tuple[int, int]] = [(tokens, vocab)]
