@@ -426,17 +426,24 @@ class Evaluator:
         self._docs: Optional[DocumentSums] = None  # with document_ids
         self._ranks = _RankSums(self.top_k) if self.top_k else None  # with top_k
         self._cal = self._no_calibration()  # with calibration_bins
+        # batches on a CUDA device whose passes are launched, not yet added
+        # (`_settle`), and the updates so far (to name a batch in an error)
+        self._pending: List[_Pending] = []
+        self._updates = 0
 
     def _no_calibration(self) -> Optional[Calibration]:
         return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
 
     def reset(self) -> None:
-        """Forget everything seen (the settings stay).
+        """Forget everything seen, batches not yet added included (the
+        settings stay).
         """
         self._state = _Sums()
         self._docs = None
         self._ranks = _RankSums(self.top_k) if self.top_k else None
         self._cal = self._no_calibration()
+        self._pending = []
+        self._updates = 0
 
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
@@ -469,7 +476,14 @@ class Evaluator:
         """Add a batch.
 
         All or nothing: an error (or a KeyboardInterrupt) leaves the sums as they
-        were.
+        were. Logits on a CUDA device are not waited for: the pass is
+        launched and the batch added at the next read of the sums
+        (`compute`, `state_dict`, `all_reduce`, `merge`, `bits_per_byte`),
+        or once the batches not yet added hold ``set_cuda_chunk_bytes()`` of
+        results (about 10 M tokens at the default); an error the pass finds
+        on the device (a target out of range, NaN or all -inf logits in a
+        counted row) is raised there, naming the update and the row, and
+        that batch is not added (the others are).
 
         Parameters
         ----------
@@ -509,12 +523,14 @@ class Evaluator:
         TypeError
             Integer logits, float targets or float ``document_ids``.
         """
-        self._update_rows(logits, targets, reference_logits=reference_logits, document_ids=document_ids)
+        self._update_rows(logits, targets, reference_logits=reference_logits, document_ids=document_ids, defer=True)
 
     def _update_rows(self, logits: Any, targets: Any, *, reference_logits: Any = None, document_ids: Any = None,
-                    **more: bool) -> _engine.RowResults:
+                     defer: bool = False, **more: bool) -> _engine.RowResults:
         """`update`, returning the pass's per-row results (for the CLI's
-        per-token export); ``more`` asks the pass for further outputs."""
+        per-token export); ``more`` asks the pass for further outputs. With
+        defer, a pass on a CUDA device is not waited for: the batch is added
+        at `_settle` (the results returned are then not yet computed)."""
         ref = reference_logits is not None
         full = not self.nll_only
         docs = self._document_rows(document_ids, targets)
@@ -525,29 +541,62 @@ class Evaluator:
         res = _engine.run(logits, targets, reference_logits, ignore_index=self.ignore_index,
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
                           nll=True, entropy=full, argmax=full or ref or self.calibration_bins is not None,
-                          kl=ref, ref_nll=ref, **more)
+                          kl=ref, ref_nll=ref, defer=defer, **more)
+        rows = math.prod(res.lead_shape)
         if self.top_k and self.top_k[-1] > res.n_cols:
             raise ValueError(f"top_k {self.top_k[-1]} is above the vocabulary size {res.n_cols}")
-        if docs is not None and docs.size != res.counted.size:
-            raise ValueError(f"document_ids give {docs.size} positions, the logits {res.counted.size}")
+        if docs is not None and docs.size != rows:
+            raise ValueError(f"document_ids give {docs.size} positions, the logits {rows}")
         table = self._table(res.n_cols)
+        self._updates += 1
+        if res.pending is not None:
+            self._pending.append(_Pending(self._updates, res, table, ref, docs))
+            if sum(p.res.nll.size for p in self._pending if p.res.nll is not None) > _pending_rows():
+                self._settle()
+            return res
+        self._take(res, table, ref, docs)
+        return res
+
+    def _take(self, res: _engine.RowResults, table: Optional[I64Array], ref: bool,
+              docs: Optional[I64Array]) -> None:
+        """Add a pass's results to the sums (all or nothing)."""
         st = replace(self._state)
         doc_sums = None if docs is None else (self._docs.copy() if self._docs is not None else DocumentSums())
         self._add(st, res, table, ref, docs, doc_sums)
         ranks = None if self._ranks is None else self._ranks.plus(res)
         cal = None if self._cal is None else self._cal.add(calibration_of(res, self._cal.bins))
         self._state, self._docs, self._ranks, self._cal = st, doc_sums, ranks, cal
-        return res
+
+    def _settle(self) -> None:
+        """Add the batches whose passes were launched on a device and not
+        waited for, in their order (each its one transfer); a batch whose
+        pass found an error is not added, and the first such error is
+        raised once the others are, naming its update."""
+        pending, self._pending = self._pending, []
+        failed: List[Tuple[int, ValueError]] = []
+        for p in pending:
+            try:
+                p.res.finish()
+            except ValueError as e:
+                failed.append((p.update, e))
+                continue
+            self._take(p.res, p.table, p.ref, p.docs)
+        if failed:
+            k, e = failed[0]
+            more = f"; {len(failed) - 1} later update(s) failed too and were not added" if len(failed) > 1 else ""
+            raise ValueError(f"update {k} of this Evaluator (its logits, on a CUDA device, are checked when the "
+                             f"sums are read; that batch was not added{more}): {e}") from e
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's
         batches so far, flattened (shifted with the targets)."""
-        seen = self._state.tokens + self._state.ignored > 0
+        seen = self._state.tokens + self._state.ignored > 0 or bool(self._pending)
+        with_docs = self._docs is not None or any(p.docs is not None for p in self._pending)
         if document_ids is None:
-            if self._docs is not None:
+            if with_docs:
                 raise ValueError("this Evaluator's batches have document_ids: give them for every batch")
             return None
-        if seen and self._docs is None:
+        if seen and not with_docs:
             raise ValueError("document_ids for some batches only: this Evaluator's earlier batches had none")
         doc = _ids_per_position(as_index_array(document_ids, "document_ids"),
                                 tuple(int(n) for n in getattr(targets, "shape", np.shape(targets))))
@@ -612,6 +661,7 @@ class Evaluator:
         Metrics
             As `evaluate` would give over every batch at once.
         """
+        self._settle()
         st = self._state
         n = st.tokens
         loss = st.nll_sum / n if n else math.nan
@@ -701,6 +751,7 @@ class Evaluator:
         """
         if self._token_bytes_in is None:
             raise ValueError("bits per byte needs token_bytes (Evaluator(token_bytes=...))")
+        self._settle()
         return bits_per_unit(self._state.nll_sum_bytes, self._state.bytes)
 
     def _check_compatible(self, other: Evaluator) -> None:
@@ -736,6 +787,8 @@ class Evaluator:
             When ``other`` has another ``token_bytes`` table.
         """
         self._check_compatible(other)
+        self._settle()
+        other._settle()
         docs = _merged_documents(self, other)
         mine, theirs = asdict(self._state), asdict(other._state)
         self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
@@ -756,6 +809,7 @@ class Evaluator:
             a ``"documents"`` entry (the ids and each document's sums, as
             lists); `load_state_dict` takes it.
         """
+        self._settle()
         state: Dict[str, Any] = asdict(self._state)
         if self._docs is not None:
             state["documents"] = self._docs.state()
@@ -766,7 +820,8 @@ class Evaluator:
         return state
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Replace the sums by those of `state_dict`.
+        """Replace the sums by those of `state_dict` (batches on a CUDA device not
+        yet added are dropped with the rest).
 
         Parameters
         ----------
@@ -819,6 +874,7 @@ class Evaluator:
             raise ValueError(f"Evaluator state: {problem} (not a state_dict of an Evaluator like this one)")
         self._state = st
         self._docs, self._ranks, self._cal = docs, ranks, cal
+        self._pending = []  # (replaced with the rest: batches on a device not yet added)
 
     def _state_problem(self, st: _Sums, docs: Optional[DocumentSums], ranks: Optional[_RankSums],
                        cal: Optional[Calibration]) -> Optional[str]:
@@ -888,6 +944,7 @@ class Evaluator:
             ``document_ids`` and others' had none (a rank without batches
             goes with either). The message names what differs on which rank.
         """
+        self._settle()  # (batches on a device not yet added: before the sums travel)
         try:
             import torch
             import torch.distributed as dist
@@ -959,7 +1016,27 @@ class Evaluator:
                 "document_ids": (docs, ("given", "not given")[docs - 1] if docs else "no batch")}
 
     def __repr__(self) -> str:
-        return f"Evaluator(tokens={self._state.tokens}, ignore_index={self.ignore_index})"
+        pending = f", updates_pending={len(self._pending)}" if self._pending else ""
+        return f"Evaluator(tokens={self._state.tokens}, ignore_index={self.ignore_index}{pending})"
+
+
+@dataclass
+class _Pending:
+    """A batch whose pass was launched on a device and not waited for."""
+
+    update: int  # which update of its Evaluator (1, 2, ...)
+    res: _engine.RowResults
+    table: Optional[I64Array]
+    ref: bool
+    docs: Optional[I64Array]
+
+
+def _pending_rows() -> int:
+    """Rows of batches not yet added at most (their results, on the device,
+    within the CUDA chunk setting)."""
+    from ._engine.cuda.layout import N_RESULTS, chunk_bytes
+
+    return max(1, chunk_bytes() // (N_RESULTS * 8))
 
 
 def _exp_interval(loss: float, stderr: float) -> Tuple[float, float]:
@@ -1244,7 +1321,7 @@ def evaluate(logits: Any, targets: Any, *, token_bytes: Any = None, reference_lo
     """
     ev = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift, softcap=softcap,
                    num_threads=num_threads, top_k=top_k, calibration_bins=calibration_bins)
-    ev.update(logits, targets, reference_logits=reference_logits, document_ids=document_ids)
+    ev._update_rows(logits, targets, reference_logits=reference_logits, document_ids=document_ids)
     return ev.compute()
 
 

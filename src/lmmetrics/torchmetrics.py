@@ -19,6 +19,7 @@ Needs torchmetrics; ``import lmmetrics`` alone does not import this module
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Dict, ItemsView, Iterator, KeysView, Optional, Sequence, Tuple, ValuesView, cast
@@ -93,14 +94,44 @@ class _EvaluatorMetric(Metric):
             ``kl`` and ``same_top``.
         """
         ev = self._evaluator
-        ev.reset()
         ev.update(preds, target, reference_logits=reference_logits)
-        for k, v in ev.state_dict().items():
+        if not ev._pending:  # (a pass on a CUDA device is not waited for: added at the next read)
+            self._fold()
+
+    def _fold(self) -> None:
+        """Move the Evaluator's sums, batches on a device not yet added
+        included (the one wait for the device; an error found there is
+        raised here), into the states."""
+        ev = self._evaluator
+        try:
+            state = ev.state_dict()
+        finally:
+            ev.reset()
+        for k, v in state.items():
             setattr(self, k, getattr(self, k) + v)
 
+    def sync(self, *args: Any, **kwargs: Any) -> None:
+        """torchmetrics' sync of the states across ranks, once every batch is
+        in them."""
+        self._fold()
+        super().sync(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The batch's value, accumulated (torchmetrics' forward), once the
+        batches before it are in the states."""
+        self._fold()
+        return super().forward(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Start over (batches not yet added included)."""
+        super().reset()
+        self._evaluator.reset()
+
     def _synced(self) -> Evaluator:
-        """The Evaluator holding the current (synced) states."""
-        ev = self._evaluator
+        """An Evaluator holding the current (synced) states (a copy: the
+        metric's own gathers the batches to come)."""
+        self._fold()
+        ev = copy.copy(self._evaluator)
         ev.load_state_dict(state_from_floats({k: float(getattr(self, k)) for k in ev.state_dict()}))
         return ev
 

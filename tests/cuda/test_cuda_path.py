@@ -587,3 +587,113 @@ def test_a_metric_softcap_on_vocabulary_blocks(dev, dtype):
     tol = 1e-10 if dtype == torch.float64 else 2e-5  # (the torch path's accuracy: its docstring)
     for name in ("nll", "entropy", "kl", "ref_nll"):
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=tol, atol=tol, err_msg=name)
+
+
+def _batches(dev, n=3, shape=(3, 17), V=600):
+    return [tuple(x.to(dev) for x in _data(torch.device("cpu"), shape=shape, V=V, seed=40 + k)) for k in range(n)]
+
+
+def test_an_evaluator_on_a_device_waits_for_it_only_when_read(dev, monkeypatch):
+    """Evaluator.update on CUDA tensors (targets on the device, shift=True
+    views) reads nothing on the host: each batch's pass is launched and its
+    results cross to the host when the sums are read, one transfer a
+    batch, in order; the numbers are the host's."""
+    batches = _batches(dev)
+    ev = lmmetrics.Evaluator(shift=True, top_k=(1, 5), calibration_bins=10)
+    reads = HostReads(monkeypatch)
+    with reads as events:
+        for z, r, t in batches:
+            ev.update(z, t, reference_logits=r)
+        assert events == [] and "updates_pending=3" in repr(ev)
+        got = ev.compute().as_dict()
+    assert events == ["cpu", "numpy"] * 3, events
+    want = lmmetrics.Evaluator(shift=True, top_k=(1, 5), calibration_bins=10)
+    for z, r, t in batches:
+        want.update(z.cpu().numpy(), t.cpu().numpy(), reference_logits=r.cpu().numpy())
+    for k, v in want.compute().as_dict().items():
+        if not isinstance(v, (lmmetrics.Calibration, type(None))):
+            assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
+    # a bound on what waits: with little room, a batch's update adds those before it
+    old = lmmetrics.set_cuda_chunk_bytes(layout.N_RESULTS * 8 * 3 * 17 + 1)
+    try:
+        ev.reset()
+        with reads as events:
+            for z, r, t in batches:
+                ev.update(z, t, reference_logits=r)
+        assert events == ["cpu", "numpy"] * 2 and "updates_pending=1" in repr(ev), (events, repr(ev))
+    finally:
+        lmmetrics.set_cuda_chunk_bytes(old)
+    assert ev.compute().tokens == got["tokens"]
+
+
+def test_an_error_found_on_the_device_is_raised_when_the_sums_are_read(dev):
+    """A NaN row or a target out of range in a batch whose pass was not
+    waited for: raised at the next read (compute, state_dict, all_reduce,
+    merge), naming the update and the row; that batch is not added, the
+    others are; load_state_dict and reset drop the batches not yet added."""
+    batches = _batches(dev)
+    z, r, t = (x.clone() for x in batches[1])
+    z[1, 4, 7] = math.nan
+    t[0, 2] = t[0, 2].abs()  # counted
+    bad_target = t.clone()
+    bad_target[2, 3] = 600
+    for read in ("compute", "state_dict", "all_reduce", "merge"):
+        ev = lmmetrics.Evaluator()
+        ev.update(*batches[0][::2])
+        ev.update(z, t)
+        ev.update(*batches[2][::2])
+        with pytest.raises(ValueError, match=r"^update 2 of this Evaluator .*NaN in logits at row 21 "
+                                             r"\(position \(1, 4\)\)"):
+            getattr(ev, read)(*([lmmetrics.Evaluator()] if read == "merge" else []))
+        alone = lmmetrics.Evaluator()
+        for zz, _, tt in (batches[0], batches[2]):
+            alone.update(zz.cpu().numpy(), tt.cpu().numpy())
+        got, want = ev.state_dict(), alone.state_dict()
+        assert got == pytest.approx(want, rel=1e-6) and got["tokens"] == want["tokens"], read
+    ev = lmmetrics.Evaluator()
+    ev.update(batches[0][0], bad_target)
+    ev.update(z, t)
+    with pytest.raises(ValueError, match=r"^update 1 of this Evaluator .*1 later update\(s\) failed too.*: "
+                                         r"target 600 at position \(2, 3\) is out of range"):
+        ev.compute()
+    assert ev.compute().tokens == 0
+    for drop in ("reset", "load_state_dict"):
+        ev.update(z, t)
+        getattr(ev, drop)(*([lmmetrics.Evaluator().state_dict()] if drop == "load_state_dict" else []))
+        assert ev.compute().tokens == 0 and "pending" not in repr(ev)
+    # a one-call function raises in the call, as on the host
+    with pytest.raises(ValueError, match=r"^NaN in logits at row 21"):
+        lmmetrics.evaluate(z, t)
+
+
+def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, monkeypatch):
+    pytest.importorskip("torchmetrics")
+    from lmmetrics.torchmetrics import LanguageModelMetrics, Perplexity
+
+    batches = _batches(dev)
+    metric = LanguageModelMetrics()
+    ppl = Perplexity()
+    reads = HostReads(monkeypatch)
+    with reads as events:
+        for z, _, t in batches:
+            metric.update(z, t)
+            ppl.update(z, t)
+        assert events == []
+    got = metric.compute()
+    want = lmmetrics.Evaluator(ignore_index=None)
+    for z, _, t in batches:
+        want.update(z.cpu().numpy(), t.cpu().numpy())
+    want = want.compute()
+    assert float(got["loss"]) == pytest.approx(want.loss, rel=1e-6)
+    assert float(got["tokens"]) == want.tokens and float(ppl.compute()) == pytest.approx(want.perplexity, rel=1e-6)
+    # forward: the batch's value, the batches before it kept
+    batch_value = metric(*batches[0][::2])
+    assert float(batch_value["tokens"]) == pytest.approx(want.tokens / 3, rel=0.2)
+    assert float(metric.compute()["tokens"]) > want.tokens
+    metric.reset()
+    z, _, t = (x.clone() for x in batches[1])
+    z[0, 0, 0] = math.nan
+    t[0, 0] = 1
+    metric.update(z, t)
+    with pytest.raises(ValueError, match=r"NaN in logits at row 0"):
+        metric.compute()

@@ -34,7 +34,7 @@ from .request import want_of
 
 def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: Optional[int] = -100,
         softcap: Optional[float] = None, num_threads: Optional[int] = None, shift: Optional[bool] = None,
-        **outputs: bool) -> RowResults:
+        defer: bool = False, **outputs: bool) -> RowResults:
     """One read of the logits (and reference logits) computing the outputs
     asked for (``nll=True``, ... : the names of ``request.REQUESTS``).
 
@@ -45,7 +45,9 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     anything when not asked.
 
     ``logits`` and ``reference`` may be model outputs with ``.logits``;
-    with ``shift`` they are aligned with the next target (`shifted`)."""
+    with ``shift`` they are aligned with the next target (`shifted`).
+    ``defer``: a pass over CUDA tensors is launched and not waited for; the
+    results are there (and its errors raised) at `RowResults.finish`."""
     want = want_of(outputs)
     threads = check_threads(num_threads)
     cap = check_softcap(softcap)
@@ -60,7 +62,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         raise ValueError("reference_logits are required for the KL divergence")
     if isinstance(logits, Projected) or isinstance(reference, Projected):
         return run_lazy(logits, targets, reference, ignore, cap, threads, want)
-    return compute(logits, targets, reference, ignore, cap, threads, want)
+    return compute(logits, targets, reference, ignore, cap, threads, want, defer)
 
 
 def nll_total(logits: Any, targets: Any, *, ignore_index: Optional[int], shift: Optional[bool],

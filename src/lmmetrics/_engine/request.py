@@ -99,6 +99,18 @@ class RowResults:
     rank: Optional[I64Array] = None
     top_logprob: Optional[F64Array] = None
     _counted: Optional[BoolArray] = field(default=None, init=False, repr=False)
+    #: what completes a pass launched on a device and not waited for (None
+    #: once the results are here): `finish`
+    pending: Optional[Callable[[], None]] = field(default=None, init=False, repr=False)
+
+    def finish(self) -> RowResults:
+        """The results, once the pass that computes them has completed (a
+        pass on a device launched without waiting for it completes here:
+        its one transfer, and its errors, naming the first bad row)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending()
+        return self
 
     @property
     def counted(self) -> BoolArray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -92,19 +92,24 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets: Any, ignore_index: int,
-            cap: float) -> None:
-    """Fill out's per-row arrays (numpy, on the host), its targets, counted
-    rows and NLL sum from the CUDA tensors and the targets (as given: a
-    tensor on the device stays there): the pass launched (`launch`),
-    its results brought to the host once (`settle`: the only wait for the
-    device), the rows it could not certify done again by the exact path."""
+            cap: float) -> Callable[[], None]:
+    """Launch the pass over the CUDA tensors and the targets (as given: a
+    tensor on the device stays there) for out's outputs (`launch`), and
+    return what completes it, the one wait for the device: its results
+    brought to the host once (`settle`: out's per-row arrays, targets,
+    counted rows, NLL sum; the first bad row raises), the rows it could
+    not certify done again by the exact path."""
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
-    slow = settle(res, out, None, lg.lead_shape, tgt)
-    if slow.size:
-        exact_rows(slow, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
-    if out.nll is not None:
-        out.nll_sum = float(np.sum(out.nll))
+
+    def finish() -> None:
+        slow = settle(res, out, None, lg.lead_shape, tgt)
+        if slow.size:
+            exact_rows(slow, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
+        if out.nll is not None:
+            out.nll_sum = float(np.sum(out.nll))
+
+    return finish
 
 
 def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
