@@ -599,6 +599,75 @@ def group_one_transfer():
     print("GROUP OK")
 
 
+def group_span_edges():
+    """The lane-row accumulators where they could go wrong (spans of 256:
+    tiles of 128): a lane-row whose max jumps by more than float's range
+    between tiles, a max tied across a later tile, an earlier lane-row and a
+    later span (the first wins), near one-hot rows, a 1e6 offset with a
+    small spread, a whole span of -inf, a NaN alone in an otherwise -inf
+    lane-row; then the same bits whatever the spans a program takes, the
+    rows a launch holds, or a [..., :-1, :] view against its copy."""
+    import torch
+
+    from lmmetrics import _engine
+    from lmmetrics._engine.cuda import triton as _triton
+
+    _route()
+    g = torch.Generator().manual_seed(17)
+    V = 1601
+    for dtype in (torch.float32, torch.bfloat16):
+        z = torch.randn(7, V, generator=g) * 3
+        t = torch.randint(0, V, (7,), generator=g)
+        z[0, 8] = -3.0e38
+        z[0, 8 + 128] = 3.0e38 if dtype == torch.float32 else 3.0e38 / 2
+        t[0] = 8 + 128
+        z[1, [300, 44, 1500]] = 40.0
+        z[2, :] = -1e4
+        z[2, 77] = 1e4
+        z[3] = z[3] * 1e-3 + 1e6
+        z[4, ::2] = -math.inf
+        t[4] = 1
+        z[5, 1024:] = -math.inf
+        t[5] = 3
+        r = (z + torch.randn(7, V, generator=g)).to(dtype)
+        r[5, 1024:] = -math.inf
+        x = z.to(dtype)
+        for cap in (None, 30.0):
+            got = _check(x, t, r, softcap=cap, label=f"{dtype} {cap}")
+            assert got.argmax[1] == 44
+        nan = x.clone()
+        nan[6, :] = -math.inf
+        nan[6, 130] = math.nan
+        with pytest.raises(ValueError, match="NaN in logits at row 6"):
+            _engine.run(nan, t, nll=True, entropy=True)
+        # the same bits whatever the launch
+        kw = dict(nll=True, entropy=True, argmax=True, kl=True, rank=True, top_logprob=True)
+        base = _engine.run(x, t, r, **kw)
+        for per in (1, 2, 3):
+            _triton._per_prog = per
+            _compare_bits(_engine.run(x, t, r, **kw), base, f"{per} spans a program")
+        _triton._per_prog = None
+        old = lmmetrics.set_cuda_chunk_bytes(2 * 7 * _triton._NFIELDS * 4 * 2)  # 2 rows a launch
+        try:
+            _compare_bits(_engine.run(x, t, r, **kw), base, "2 rows a launch")
+        finally:
+            lmmetrics.set_cuda_chunk_bytes(old)
+    wide = torch.randn(3, 6, 700, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 700, (3, 6), generator=g)
+    kw = dict(nll=True, entropy=True, argmax=True, rank=True)
+    view = _engine.run(wide, ids, shift=True, **kw)
+    copy = _engine.run(wide[:, :-1].contiguous(), ids[:, 1:].contiguous(), **kw)
+    _compare_bits(view, copy, "a view and its copy")
+    print("GROUP OK")
+
+
+def _compare_bits(got, want, label):
+    for k in ("nll", "entropy", "argmax", "kl", "rank", "top_logprob"):
+        a, b = getattr(got, k), getattr(want, k)
+        if a is not None or b is not None:
+            np.testing.assert_array_equal(a, b, err_msg=f"{label}: {k}")
+
+
 class _Counted:
     """A jitted kernel whose launches (``kernel[grid](...)``) are counted."""
 
@@ -837,7 +906,7 @@ def group_compile_sm90():
 @pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
                                    "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
                                    "group_rank_and_top_logprob", "group_one_transfer",
-                                   "group_targets_stay_on_the_device"])
+                                   "group_targets_stay_on_the_device", "group_span_edges"])
 def test_interpreted(group):
     _in_subprocess(group)
 
