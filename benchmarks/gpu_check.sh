@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, from a checkout on a machine with a CUDA GPU,
-# torch, triton, Cython and pytest (about 4 minutes on an H100): the core
+# torch, triton, Cython and pytest (about 6 minutes on an H100): the core
 # built in place, the CUDA tests (the tests' CUDA parameters and the GPU
-# tests of the Triton kernel), then `lmmetrics bench --device cuda` for plain
-# and lazy logits. Logs go to $OUT (default gpu-check/); docs/speed.md holds
-# what it measured.
+# tests of the Triton kernel), `lmmetrics bench --device cuda` for plain
+# and lazy logits, then the span kernel's layouts (benchmarks/gpu_sweep.py).
+# Logs go to $OUT (default gpu-check/); docs/speed.md holds what it
+# measured.
 set -u
 out="${OUT:-gpu-check}"
 mkdir -p "$out"
@@ -27,4 +28,5 @@ timeout 60 python3 -m lmmetrics bench --device cuda --dtype bfloat16 --tokens 81
 timeout 60 python3 -m lmmetrics bench --device cuda 2>&1 | tee -a "$out/bench.log"
 timeout 60 python3 -m lmmetrics bench --lazy --device cuda --tokens 8192 2>&1 | tee "$out/lazy.log"
 timeout 60 python3 -m lmmetrics bench --lazy --device cuda --tokens 8192 --dtype float32 2>&1 | tee -a "$out/lazy.log"
+timeout 150 python3 benchmarks/gpu_sweep.py 2>&1 | tee "$out/sweep.log"
 echo "done in $(( $(date +%s) - t0 )) s"

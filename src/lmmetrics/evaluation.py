@@ -480,7 +480,7 @@ class Evaluator:
         launched and the batch added at the next read of the sums
         (`compute`, `state_dict`, `all_reduce`, `merge`, `bits_per_byte`),
         or once the batches not yet added hold ``set_cuda_chunk_bytes()`` of
-        results (about 10 M tokens at the default); an error the pass finds
+        results (about 3 million tokens at the default); an error the pass finds
         on the device (a target out of range, NaN or all -inf logits in a
         counted row) is raised there, naming the update and the row, and
         that batch is not added (the others are).
@@ -582,10 +582,10 @@ class Evaluator:
                 continue
             self._take(p.res, p.table, p.ref, p.docs)
         if failed:
-            k, e = failed[0]
+            k, first = failed[0]
             more = f"; {len(failed) - 1} later update(s) failed too and were not added" if len(failed) > 1 else ""
             raise ValueError(f"update {k} of this Evaluator (its logits, on a CUDA device, are checked when the "
-                             f"sums are read; that batch was not added{more}): {e}") from e
+                             f"sums are read; that batch was not added{more}): {first}") from first
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's

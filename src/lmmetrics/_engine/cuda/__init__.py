@@ -68,7 +68,8 @@ def device_targets(targets: Any, lg: CudaLogits) -> torch.Tensor:
         return to_device(as_targets(t, lg, check_range=False), lg.keep.device)  # (flat, from the host: no wait)
     shape = tuple(int(n) for n in t.shape)
     check_targets_shape(shape, lg)
-    return t if collapse(shape, t.stride()) is not None else t.contiguous()
+    kept: torch.Tensor = t if collapse(shape, t.stride()) is not None else t.contiguous()
+    return kept
 
 
 # The Triton path (lmmetrics._engine.cuda.triton): taken for CUDA tensors when triton

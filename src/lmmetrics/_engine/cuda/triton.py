@@ -454,7 +454,7 @@ def _programs_per_row(n_rows: int, n_spans: int, device: torch.device) -> int:
     programs do (few long rows). Changes no result."""
     if _per_prog is not None:
         return max(1, min(_per_prog, n_spans))
-    want = 8 * _sms(device)  # programs: several waves, for an even finish
+    want = 32 * _sms(device)  # programs: several waves, for an even finish
     per = max(1, min(n_spans, (n_rows * n_spans) // want))
     progs = -(-n_spans // per)
     return -(-n_spans // progs)  # the same number of spans in each (63 spans: 21, 21, 21, not 30, 30, 3)
