@@ -426,24 +426,30 @@ class Evaluator:
         self._docs: Optional[DocumentSums] = None  # with document_ids
         self._ranks = _RankSums(self.top_k) if self.top_k else None  # with top_k
         self._cal = self._no_calibration()  # with calibration_bins
-        # batches on a CUDA device whose passes are launched, not yet added
-        # (`_settle`), and the updates so far (to name a batch in an error)
+        # the batch on a CUDA device whose pass is launched, not yet added
+        # (`_drain`), the errors such passes found (raised at the next read,
+        # `_settle`), and the updates so far (to name a batch in an error)
         self._pending: List[_Pending] = []
+        self._errors: List[Tuple[int, ValueError]] = []
         self._updates = 0
 
     def _no_calibration(self) -> Optional[Calibration]:
         return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
 
     def reset(self) -> None:
-        """Forget everything seen, batches not yet added included (the
-        settings stay).
+        """Forget everything seen, a batch not yet added and the errors not
+        yet raised included (the settings stay).
         """
+        self._clear_sums()
+        self._pending = []
+        self._errors = []
+        self._updates = 0
+
+    def _clear_sums(self) -> None:
         self._state = _Sums()
         self._docs = None
         self._ranks = _RankSums(self.top_k) if self.top_k else None
         self._cal = self._no_calibration()
-        self._pending = []
-        self._updates = 0
 
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
@@ -477,13 +483,15 @@ class Evaluator:
 
         All or nothing: an error (or a KeyboardInterrupt) leaves the sums as they
         were. Logits on a CUDA device are not waited for: the pass is
-        launched and the batch added at the next read of the sums
-        (`compute`, `state_dict`, `all_reduce`, `merge`, `bits_per_byte`),
-        or once the batches not yet added hold ``set_cuda_chunk_bytes()`` of
-        results (about 3 million tokens at the default); an error the pass finds
-        on the device (a target out of range, NaN or all -inf logits in a
-        counted row) is raised there, naming the update and the row, and
-        that batch is not added (the others are).
+        launched, its results' transfer queued, and the batch added at the
+        next update (which waits for that pass only, not for the work queued
+        after it) or read of the sums (`compute`, `state_dict`,
+        `all_reduce`, `merge`, `bits_per_byte`); until then the Evaluator
+        holds the batch's logits (rows with +inf logits are read again
+        then: change them in place only after that). An error the pass
+        finds on the device (a target out of range, NaN or all -inf logits
+        in a counted row) is raised at the next read, naming the update and
+        the row; that batch is not added, the others are.
 
         Parameters
         ----------
@@ -533,6 +541,7 @@ class Evaluator:
         at `_settle` (the results returned are then not yet computed)."""
         ref = reference_logits is not None
         full = not self.nll_only
+        self._drain()  # (the batch before, on a device: added now, before this one launches)
         docs = self._document_rows(document_ids, targets)
         if self.top_k:
             more["rank"] = True
@@ -551,8 +560,6 @@ class Evaluator:
         self._updates += 1
         if res.pending is not None:
             self._pending.append(_Pending(self._updates, res, table, ref, docs))
-            if sum(p.res.nll.size for p in self._pending if p.res.nll is not None) > _pending_rows():
-                self._settle()
             return res
         self._take(res, table, ref, docs)
         return res
@@ -567,31 +574,45 @@ class Evaluator:
         cal = None if self._cal is None else self._cal.add(calibration_of(res, self._cal.bins))
         self._state, self._docs, self._ranks, self._cal = st, doc_sums, ranks, cal
 
-    def _settle(self) -> None:
+    def _drain(self) -> None:
         """Add the batches whose passes were launched on a device and not
-        waited for, in their order (each its one transfer); a batch whose
-        pass found an error is not added, and the first such error is
-        raised once the others are, naming its update."""
-        pending, self._pending = self._pending, []
-        failed: List[Tuple[int, ValueError]] = []
-        for p in pending:
+        waited for, in their order (each waits for its own transfer); the
+        error of a batch whose pass found one is kept for `_settle`, and
+        that batch is not added."""
+        while self._pending:
+            p = self._pending[0]
             try:
                 p.res.finish()
             except ValueError as e:
-                failed.append((p.update, e))
-                continue
-            self._take(p.res, p.table, p.ref, p.docs)
-        if failed:
-            k, first = failed[0]
-            more = f"; {len(failed) - 1} later update(s) failed too and were not added" if len(failed) > 1 else ""
-            raise ValueError(f"update {k} of this Evaluator (its logits, on a CUDA device, are checked when the "
-                             f"sums are read; that batch was not added{more}): {first}") from first
+                self._errors.append((p.update, e))
+            else:
+                self._take(p.res, p.table, p.ref, p.docs)
+            del self._pending[0]
+
+    def _settle(self) -> None:
+        """Before a read of the sums: the batches not yet added added
+        (`_drain`), and the first error their passes found raised, naming
+        its update."""
+        self._drain()
+        if self._errors:
+            (k, first), more = self._errors[0], len(self._errors) - 1
+            self._errors = []
+            also = f"; {more} later update(s) failed too and were not added" if more else ""
+            raise ValueError(f"update {k} of this Evaluator since it was made or reset (its logits, on a CUDA "
+                             f"device, are checked when the sums are read; that batch was not added{also}): "
+                             f"{first}") from first
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """For pickle and copy.deepcopy: the batch not yet added is added
+        first (its results are on the device until then)."""
+        self._drain()
+        return self.__dict__.copy()
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's
         batches so far, flattened (shifted with the targets)."""
-        seen = self._state.tokens + self._state.ignored > 0 or bool(self._pending)
-        with_docs = self._docs is not None or any(p.docs is not None for p in self._pending)
+        seen = self._state.tokens + self._state.ignored > 0
+        with_docs = self._docs is not None
         if document_ids is None:
             if with_docs:
                 raise ValueError("this Evaluator's batches have document_ids: give them for every batch")
@@ -810,6 +831,10 @@ class Evaluator:
             lists); `load_state_dict` takes it.
         """
         self._settle()
+        return self._state_now()
+
+    def _state_now(self) -> Dict[str, Any]:
+        """`state_dict` of the sums as they are (a batch not yet added left out)."""
         state: Dict[str, Any] = asdict(self._state)
         if self._docs is not None:
             state["documents"] = self._docs.state()
@@ -874,7 +899,7 @@ class Evaluator:
             raise ValueError(f"Evaluator state: {problem} (not a state_dict of an Evaluator like this one)")
         self._state = st
         self._docs, self._ranks, self._cal = docs, ranks, cal
-        self._pending = []  # (replaced with the rest: batches on a device not yet added)
+        self._pending, self._errors = [], []  # (replaced with the rest: a batch on a device not yet added)
 
     def _state_problem(self, st: _Sums, docs: Optional[DocumentSums], ranks: Optional[_RankSums],
                        cal: Optional[Calibration]) -> Optional[str]:
@@ -1029,14 +1054,6 @@ class _Pending:
     table: Optional[I64Array]
     ref: bool
     docs: Optional[I64Array]
-
-
-def _pending_rows() -> int:
-    """Rows of batches not yet added at most (their results, on the device,
-    within the CUDA chunk setting)."""
-    from ._engine.cuda.layout import N_RESULTS, chunk_bytes
-
-    return max(1, chunk_bytes() // (N_RESULTS * 8))
 
 
 def _exp_interval(loss: float, stderr: float) -> Tuple[float, float]:

@@ -95,20 +95,28 @@ class _EvaluatorMetric(Metric):
         """
         ev = self._evaluator
         ev.update(preds, target, reference_logits=reference_logits)
-        if not ev._pending:  # (a pass on a CUDA device is not waited for: added at the next read)
-            self._fold()
+        # the batches added so far into the states; a batch on a CUDA device
+        # waits for the next update or read (once only, at the first update:
+        # a MetricCollection compares the states then, to group metrics)
+        self._fold(settle=self._update_count <= 1)
 
-    def _fold(self) -> None:
-        """Move the Evaluator's sums, batches on a device not yet added
-        included (the one wait for the device; an error found there is
-        raised here), into the states."""
+    def _fold(self, settle: bool = True) -> None:
+        """Move the Evaluator's sums into the states; with settle, first add
+        the batch not yet added (its pass on a device waited for) and raise
+        the errors such passes found, once what was added is in the states."""
         ev = self._evaluator
-        try:
-            state = ev.state_dict()
-        finally:
-            ev.reset()
+        error: Optional[ValueError] = None
+        if settle:
+            try:
+                ev._settle()
+            except ValueError as e:
+                error = e
+        state = ev._state_now()
+        ev._clear_sums()
         for k, v in state.items():
             setattr(self, k, getattr(self, k) + v)
+        if error is not None:
+            raise error
 
     def sync(self, *args: Any, **kwargs: Any) -> None:
         """torchmetrics' sync of the states across ranks, once every batch is
@@ -122,8 +130,20 @@ class _EvaluatorMetric(Metric):
         self._fold()
         return super().forward(*args, **kwargs)
 
+    def merge_state(self, *args: Any, **kwargs: Any) -> None:
+        """torchmetrics' merge of another metric's states, once every batch is
+        in both."""
+        for m in [self] + [a for a in args if isinstance(a, _EvaluatorMetric)]:
+            m._fold()
+        super().merge_state(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's state dict, once every batch is in the states."""
+        self._fold()
+        return super().state_dict(*args, **kwargs)
+
     def reset(self) -> None:
-        """Start over (batches not yet added included)."""
+        """Start over (a batch not yet added included)."""
         super().reset()
         self._evaluator.reset()
 

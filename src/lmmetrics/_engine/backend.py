@@ -24,7 +24,7 @@ def compute(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, 
     ref = None if reference is None else describe(reference, "reference_logits")
     out = allocate(lg, ref, targets, ignore, check_range=False, want=want, targets_later=gpu)
     if lg.n_rows and gpu:
-        out.pending = cuda.compute(lg, ref, out, targets, ignore, cap)
+        out.pending = cuda.compute(lg, ref, out, targets, ignore, cap, defer)
         if not defer:
             out.finish()
     elif lg.n_rows:

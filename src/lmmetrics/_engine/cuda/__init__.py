@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -93,24 +93,63 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets: Any, ignore_index: int,
-            cap: float) -> Callable[[], None]:
+            cap: float, defer: bool = False) -> Callable[[], None]:
     """Launch the pass over the CUDA tensors and the targets (as given: a
     tensor on the device stays there) for out's outputs (`launch`), and
     return what completes it, the one wait for the device: its results
     brought to the host once (`settle`: out's per-row arrays, targets,
     counted rows, NLL sum; the first bad row raises), the rows it could
-    not certify done again by the exact path."""
+    not certify done again by the exact path. With defer, on a CUDA
+    device, the results' transfer is queued now into page-locked memory
+    behind an event: completing the pass waits for that event only, not
+    for what was queued on the stream after it."""
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
+    names, stacked = _gathered(res, out, tgt is not None)
+    early = _queued_copy(stacked) if defer else None
+    versions = _versions(lg, ref)
 
     def finish() -> None:
-        slow = settle(res, out, None, lg.lead_shape, tgt)
-        if slow.size:
-            exact_rows(slow, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
+        host = stacked.cpu().numpy() if early is None else early()
+
+        def redo(idx: I64Array) -> None:  # the rows the fast paths could not certify
+            if _versions(lg, ref) != versions:
+                raise ValueError("the logits of this pass were changed in place before it completed; rows with "
+                                 "+inf logits are read again then: keep the logits as they are until the results "
+                                 "are read")
+            exact_rows(idx, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
+
+        settle(res, out, None, lg.lead_shape, tgt, redo=redo, fetched=(names, host))
         if out.nll is not None:
             out.nll_sum = float(np.sum(out.nll))
 
     return finish
+
+
+def _versions(lg: CudaLogits, ref: Optional[CudaLogits]) -> Tuple[int, ...]:
+    """The version counters of the logits (torch counts in-place changes)."""
+    return tuple(int(getattr(x.keep, "_version", 0)) for x in (lg, ref) if x is not None)
+
+
+def _queued_copy(stacked: torch.Tensor) -> Optional[Callable[[], F64Array]]:
+    """A copy of the device tensor stacked to the host, queued on the current
+    stream (no wait), and what returns it once done (a wait for this copy
+    only); None off a CUDA device (the tensor is there already)."""
+    import torch
+
+    if stacked.device.type != "cuda":
+        return None
+    host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+    host.copy_(stacked, non_blocking=True)
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record()
+
+    def read() -> F64Array:
+        done.synchronize()
+        values: F64Array = host.numpy()
+        return values
+
+    return read
 
 
 def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
@@ -154,50 +193,58 @@ def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: floa
     return res
 
 
-def _fetch(res: torch.Tensor, out: RowResults, with_targets: bool) -> Tuple[I64Array, Dict[str, F64Array]]:
-    """The flags of res's rows, the outputs out asks for and (with_targets)
-    the targets, in one transfer to the host (the only one of a pass whose
-    rows the fast paths certify)."""
+def _gathered(res: torch.Tensor, out: RowResults, with_targets: bool) -> Tuple[List[str], torch.Tensor]:
+    """The names and the rows of res one transfer brings to the host: the
+    flags, the outputs out asks for and (with_targets) the targets (a
+    tensor on the device: queued, not waited for)."""
     import torch
 
     names = [name for name in OUTPUTS if getattr(out, name) is not None]
     at = [RES_FLAGS] + [row(name) for name in names] + ([RES_TARGETS] if with_targets else [])
-    host = torch.stack([res[i] for i in at]).cpu().numpy()
-    if with_targets:
-        names.append("targets")
-    return host[0].astype(np.int64), dict(zip(names, host[1:]))
+    return names + (["targets"] if with_targets else []), torch.stack([res[i] for i in at])
 
 
-def _check_rows(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
-                target_values: Optional[F64Array] = None, targets: Any = None, n_cols: int = 0) -> None:
-    """Raise the native core's error for the first counted row flagged bad,
-    a target out of range (F_OOB, with the targets' values: as the pass
-    read them, and the targets on the device, for a value the float64 copy
-    may have rounded) or bad logits (rows: the flat row numbers of the
-    flags' rows; None: their positions)."""
+def _first_error(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
+                 target_values: Optional[F64Array], targets: Any, n_cols: int) -> Optional[Tuple[int, ValueError]]:
+    """The first counted row flagged bad and the native core's error for it,
+    a target out of range (F_OOB, with the targets' values: as the pass read
+    them, and the targets on the device, for a value the float64 copy may
+    have rounded) or bad logits (rows: the flat row numbers of the flags'
+    rows; None: their positions); None when there is none."""
     bad = counted & ((flags & (ERRORS | F_OOB)) != 0)
-    if bad.any():
-        i = int(np.argmax(bad))
-        f = flags[i]
-        if f & F_OOB and target_values is not None:
-            v = target_values[i]
-            raise target_error(int(v) if abs(v) < 2.0**53 else int(targets.reshape(-1)[i].item()), i, n_cols,
+    if not bad.any():
+        return None
+    i = int(np.argmax(bad))
+    f = flags[i]
+    if f & F_OOB and target_values is not None:
+        v = target_values[i]
+        return i, target_error(int(v) if abs(v) < 2.0**53 else int(targets.reshape(-1)[i].item()), i, n_cols,
                                lead_shape)
-        status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
-                  else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
-        raise row_error(status, i if rows is None else int(rows[i]), lead_shape)
+    status = (Status.LM_ERR_NAN if f & F_NAN else Status.LM_ERR_EMPTY if f & F_EMPTY
+              else Status.LM_ERR_NAN_REF if f & F_NAN_REF else Status.LM_ERR_EMPTY_REF)
+    return i, row_error(status, i if rows is None else int(rows[i]), lead_shape)
 
 
 def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
-           targets: Optional[torch.Tensor] = None) -> I64Array:
+           targets: Optional[torch.Tensor] = None, redo: Optional[Callable[[I64Array], None]] = None,
+           fetched: Optional[Tuple[List[str], F64Array]] = None) -> I64Array:
     """The flags of res's rows and the outputs out asks for, to the host in
-    one transfer, into out's arrays at rows (flat row numbers; None: all
-    out's rows, in order), and with targets (the pass's, on the device)
-    out's targets and counted rows as the pass read them. Raises for the
-    first counted row with a bad target or bad logits; returns the
-    positions in res of the rows to do again by the exact path (flagged
-    so, or a NaN the flags did not foresee)."""
-    flags, values = _fetch(res, out, targets is not None)
+    one transfer (or as fetched already: names and rows), into out's
+    arrays at rows (flat row numbers; None: all out's rows, in order), and
+    with targets (the pass's, on the device) out's targets and counted rows
+    as the pass read them. Returns the positions in res of the rows to do
+    again by the exact path (flagged so, or a NaN the flags did not
+    foresee). Raises for the first counted row with a bad target or bad
+    logits; with redo, the rows to do again before it are done first
+    (redo(their positions)), so that one of them (NaN behind +inf) is
+    named if it comes first, as the core names it."""
+    if fetched is None:
+        names, stacked = _gathered(res, out, targets is not None)
+        host: F64Array = stacked.cpu().numpy()
+    else:
+        names, host = fetched
+    flags = host[0].astype(np.int64)
+    values = dict(zip(names, host[1:]))
     tv = None
     if targets is not None:
         tv = values.pop("targets")
@@ -205,14 +252,21 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
         out.set_counted((flags & F_COUNTED) != 0)
         out.n_counted = int(np.count_nonzero(out.counted))
     counted = out.counted if rows is None else np.ones(flags.size, bool)
-    _check_rows(flags, counted, rows, lead_shape, tv, targets, out.n_cols)
     slow = counted & ((flags & SLOW) != 0)
     at = slice(None) if rows is None else rows
     for name, v in values.items():
         getattr(out, name)[at] = v  # the integer outputs: exact float64 integers
         if name not in INDEX_OUTPUTS:
             slow |= counted & np.isnan(v)
-    return np.flatnonzero(slow)
+    first = _first_error(flags, counted, rows, lead_shape, tv, targets, out.n_cols)
+    slow_at = np.flatnonzero(slow)
+    if first is not None:
+        if redo is not None and slow_at.size and slow_at[0] < first[0]:
+            redo(slow_at[slow_at < first[0]])
+        raise first[1]
+    if redo is not None and slow_at.size:
+        redo(slow_at)
+    return slow_at
 
 
 def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,

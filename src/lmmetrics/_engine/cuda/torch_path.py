@@ -252,7 +252,7 @@ def _chunk_exact(x: torch.Tensor, r: Optional[torch.Tensor], tgt: Optional[torch
                  out: RowResults, res: torch.Tensor, cap: float) -> None:
     """One chunk by the exact path into res (its columns): the outputs out
     asks for, and the flags of the counted rows that are errors (NaN, all
-    -inf), which `_check_rows` raises for once the flags are on the
+    -inf), which `settle` raises for once the flags are on the
     host."""
     import torch
 
