@@ -248,8 +248,12 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     tv = None
     if targets is not None:
         tv = values.pop("targets")
+        counted = (flags & F_COUNTED) != 0
+        # (an ignored target that is not negative is ignore_index itself,
+        # which float64 rounds past 2^53)
         out.targets = tv.astype(np.int64)
-        out.set_counted((flags & F_COUNTED) != 0)
+        out.targets[~counted & (tv >= 0)] = out.ignore_index
+        out.set_counted(counted)
         out.n_counted = int(np.count_nonzero(out.counted))
     counted = out.counted if rows is None else np.ones(flags.size, bool)
     slow = counted & ((flags & SLOW) != 0)
