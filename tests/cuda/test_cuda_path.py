@@ -739,3 +739,15 @@ def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, mo
     for zz, _, tt in (batches[0], batches[2]):
         both.update(zz.cpu().numpy(), tt.cpu().numpy())
     assert float(metric.compute()["tokens"]) == both.compute().tokens
+
+
+def test_targets_read_on_the_device_come_back_exact(dev):
+    """The targets a pass reads on the device come back as given, an ignored
+    ignore_index beyond float64's integers included (2^53 + 1)."""
+    ig = 2**53 + 1
+    z = torch.randn(4, 50).to(dev)
+    t = torch.tensor([1, ig, -5, 49]).to(dev)
+    got = _engine.run(z, t, ignore_index=ig, nll=True)
+    assert got.targets.tolist() == [1, ig, -5, 49] and got.counted.tolist() == [True, False, False, True]
+    want = _engine.run(z.cpu().numpy(), t.cpu().numpy(), ignore_index=ig, nll=True)
+    np.testing.assert_allclose(got.nll, want.nll, rtol=2e-6, atol=2e-6)
