@@ -751,3 +751,19 @@ def test_targets_read_on_the_device_come_back_exact(dev):
     assert got.targets.tolist() == [1, ig, -5, 49] and got.counted.tolist() == [True, False, False, True]
     want = _engine.run(z.cpu().numpy(), t.cpu().numpy(), ignore_index=ig, nll=True)
     np.testing.assert_allclose(got.nll, want.nll, rtol=2e-6, atol=2e-6)
+
+
+def test_logits_changed_before_their_batch_is_added_are_refused(dev):
+    """A batch waiting to be added holds its logits: a row with +inf is read
+    again when it is; logits changed in place before then are an error,
+    not a number from other logits."""
+    z, _, t = _batches(dev, n=1)[0]
+    z[0, 0, 5] = math.inf
+    t[0, 0] = 5
+    ev = lmmetrics.Evaluator()
+    ev.update(z, t)
+    z.fill_(0.0)
+    with pytest.raises(ValueError, match=r"^update 1 .*changed in place before it completed"):
+        ev.compute()
+    ev.update(z, t)  # unchanged after its update: added
+    assert ev.compute().tokens == int((t.cpu() >= 0).sum())
