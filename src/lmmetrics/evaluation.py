@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from . import _engine
 from ._engine.inputs import as_index_array, as_table
+from ._engine.request import fsum
 from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr
 from ._engine.types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
@@ -573,6 +574,29 @@ class Evaluator:
         ranks = None if self._ranks is None else self._ranks.plus(res)
         cal = None if self._cal is None else self._cal.add(calibration_of(res, self._cal.bins))
         self._state, self._docs, self._ranks, self._cal = st, doc_sums, ranks, cal
+
+    def _sequence_states(self, logits: Any, targets: Any) -> List[Dict[str, Any]]:
+        """The `state_dict` of each sequence (first axis) of one batch, as
+        an Evaluator like this one would hold after that sequence alone:
+        from one pass over the batch (one wait for a device), this
+        Evaluator's own sums left empty."""
+        self._settle()
+        res = self._update_rows(logits, targets)
+        self._clear_sums()
+        table = self._table(res.n_cols)
+        lead = res.lead_shape
+        per = math.prod(lead[1:])
+        states = []
+        for b in range(lead[0] if lead else 1):
+            at = slice(b * per, (b + 1) * per)
+            part = res.derived(lead[1:], None if res.targets is None else res.targets[at], lambda a: a[at])
+            part.set_counted(res.counted[at])
+            part.n_counted = int(np.count_nonzero(part.counted))
+            part.nll_sum = fsum(part.floats("nll"))
+            self._take(part, table, False, None)
+            states.append(self._state_now())
+            self._clear_sums()
+        return states
 
     def _drain(self) -> None:
         """Add the batches whose passes were launched on a device and not

@@ -212,13 +212,8 @@ class TrainerMetrics:
         if getattr(logits, "ndim", None) != 3:
             raise ValueError(f"TrainerMetrics needs logits shaped (batch, time, vocabulary), got shape "
                              f"{tuple(getattr(logits, 'shape', ()))}")
-        ev = self._evaluator
-        rows = []
-        for b in range(int(logits.shape[0])):
-            ev.reset()
-            ev.update(logits[b], labels[b])
-            rows.append([1.0] + [v for _, v in _leaves(ev.state_dict())])
-        ev.reset()
+        states = self._evaluator._sequence_states(logits, labels)  # (one pass over the batch)
+        rows = [[1.0] + [v for _, v in _leaves(st)] for st in states]
         return torch.tensor(rows, dtype=torch.float64, device=logits.device).reshape(-1, self.width)
 
     def _rows(self, predictions: Any) -> F64Array:

@@ -246,6 +246,34 @@ def test_padding_rows_are_dropped_and_the_next_evaluation_starts_afresh():
     assert tm.metrics is not None and tm.metrics.tokens == whole["tokens"] == 15
 
 
+def test_rows_are_each_sequence_alone_from_one_pass(monkeypatch):
+    """A batch's rows, from one pass over it, are what an Evaluator holds
+    after each sequence alone (an ignored sequence, a counted one, a
+    partly ignored one); logits on a device (here CPU tensors routed
+    through the CUDA path) are read from the device once a batch."""
+    from helpers import HostReads
+    from lmmetrics._engine import inputs as _inputs
+    from lmmetrics.transformers import _leaves
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 6, 11, generator=g)
+    labels = torch.randint(0, 11, (3, 6), generator=g)
+    labels[1, :4] = -100
+    labels[2, :] = -100
+    tm = TrainerMetrics(top_k=2, calibration_bins=5, token_bytes=np.arange(11) % 3)
+    rows = tm.preprocess_logits_for_metrics(logits, labels).numpy()
+    for b in range(3):
+        ev = lmmetrics.Evaluator(shift=True, top_k=2, calibration_bins=5, token_bytes=np.arange(11) % 3)
+        ev.update(logits[b].numpy(), labels[b].numpy())
+        assert rows[b].tolist() == pytest.approx([1.0] + [v for _, v in _leaves(ev.state_dict())], rel=1e-12), b
+    monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+    reads = HostReads(monkeypatch)
+    with reads as events:
+        routed = tm.preprocess_logits_for_metrics(logits, labels)
+    assert events == ["cpu", "numpy"], events
+    np.testing.assert_allclose(routed.numpy(), rows, rtol=1e-6, atol=1e-9)
+
+
 def test_clear_errors():
     from types import SimpleNamespace
 
