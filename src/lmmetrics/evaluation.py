@@ -630,7 +630,11 @@ class Evaluator:
         """For pickle and copy.deepcopy: the batch not yet added is added
         first (its results are on the device until then)."""
         self._drain()
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        # (errors kept for the next read as plain ValueErrors: a RowError's
+        # own arguments are not its message, which unpickling would pass)
+        state["_errors"] = [(k, ValueError(str(e))) for k, e in self._errors]
+        return state
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's

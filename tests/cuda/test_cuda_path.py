@@ -648,6 +648,12 @@ def test_an_error_found_on_the_device_is_raised_when_the_sums_are_read(dev):
             alone.update(zz.cpu().numpy(), tt.cpu().numpy())
         got, want = ev.state_dict(), alone.state_dict()
         assert got == pytest.approx(want, rel=1e-6) and got["tokens"] == want["tokens"], read
+    ev = lmmetrics.Evaluator()  # an error kept for the next read survives pickling
+    ev.update(z, t)
+    import pickle
+
+    with pytest.raises(ValueError, match=r"^update 1 of this Evaluator .*NaN in logits at row 21"):
+        pickle.loads(pickle.dumps(ev)).compute()
     ev = lmmetrics.Evaluator()
     ev.update(batches[0][0], bad_target)
     ev.update(z, t)
