@@ -18,7 +18,7 @@ from ..inputs import as_targets
 from ..request import INDEX_OUTPUTS, OUTPUTS, RowResults
 from ..types import BoolArray, F64Array, I64Array
 from .layout import (ERRORS, F_COUNTED, F_EMPTY, F_NAN, F_NAN_REF, F_OOB, N_RESULTS, RES_FLAGS, RES_TARGETS, SLOW,
-                     CudaLogits, chunk_bytes, row,
+                     CudaLogits, chunk_bytes, row, rows_of,
                      set_cuda_chunk_bytes)
 from .torch_path import _chunk_exact, _compute_torch, _flat, _take
 
@@ -31,23 +31,18 @@ __all__ = ["CudaLogits", "compute", "describe", "exact_rows", "launch", "set_cud
 def describe(x: Any, name: str = "logits") -> CudaLogits:
     import torch
 
-    from ..inputs import collapse, is_cuda, torch_dtype_name
+    from ..inputs import is_cuda, torch_dtype_name
 
     if not is_cuda(x):
         where = x.device if isinstance(x, torch.Tensor) else "the host"
         raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
                          f"put both on the same device")
     dtype = torch_dtype_name(x, name)
-    x = x.detach()
     shape = tuple(int(n) for n in x.shape)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
-    rows = collapse(shape[:-1], x.stride()[:-1])
-    if rows is None:  # three or more leading axes no two strides describe: one copy
-        x = x.contiguous()
-        rows = collapse(shape[:-1], x.stride()[:-1])
-        assert rows is not None
-    return CudaLogits(x, dtype, shape[:-1], shape[-1], math.prod(shape[:-1]), rows[1:])
+    x, rows = rows_of(x.detach(), len(shape) - 1)
+    return CudaLogits(x, dtype, shape[:-1], shape[-1], math.prod(shape[:-1]), rows)
 
 
 #: integer dtypes a kernel reads as they are (others: converted on the host)
@@ -61,14 +56,13 @@ def device_targets(targets: Any, lg: CudaLogits) -> torch.Tensor:
     rows, as `CudaLogits.rows`); others (numpy, host tensors) converted on
     the host and queued for upload. Their values are checked by the pass
     (`F_OOB`)."""
-    from ..inputs import check_targets_shape, collapse, index_array_or_tensor
+    from ..inputs import check_targets_shape, index_array_or_tensor
 
     t = index_array_or_tensor(targets, "targets")
     if not (is_torch(t) and t.device == lg.keep.device and str(t.dtype) in _DEVICE_INDEX):
         return to_device(as_targets(t, lg, check_range=False), lg.keep.device)  # (flat, from the host: no wait)
-    shape = tuple(int(n) for n in t.shape)
-    check_targets_shape(shape, lg)
-    kept: torch.Tensor = t if collapse(shape, t.stride()) is not None else t.contiguous()
+    check_targets_shape(tuple(int(n) for n in t.shape), lg)
+    kept: torch.Tensor = rows_of(t, t.dim())[0]
     return kept
 
 
@@ -248,13 +242,13 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     tv = None
     if targets is not None:
         tv = values.pop("targets")
-        counted = (flags & F_COUNTED) != 0
+        read = (flags & F_COUNTED) != 0
         # (an ignored target that is not negative is ignore_index itself,
         # which float64 rounds past 2^53)
         out.targets = tv.astype(np.int64)
-        out.targets[~counted & (tv >= 0)] = out.ignore_index
-        out.set_counted(counted)
-        out.n_counted = int(np.count_nonzero(out.counted))
+        out.targets[~read & (tv >= 0)] = out.ignore_index
+        out.set_counted(read)
+        out.n_counted = int(np.count_nonzero(read))
     counted = out.counted if rows is None else np.ones(flags.size, bool)
     slow = counted & ((flags & SLOW) != 0)
     at = slice(None) if rows is None else rows

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from ..checks import check_positive_int
+from ..inputs import collapse
 from ..request import OUTPUTS
 
 _DEFAULT_CHUNK_BYTES = 256 * 2**20
@@ -44,8 +45,21 @@ class CudaLogits:
     n_cols: int
     n_rows: int
     # flat row g lies at element (g // inner) * outer + (g % inner) * stride
-    # of keep (two strides: a [..., :-1, :] view stays one view)
+    # of keep (two strides: a [..., :-1, :] view stays one view; `rows_of`)
     rows: Tuple[int, int, int] = (1, 0, 0)
+
+
+def rows_of(x: Any, lead: int) -> Tuple[Any, Tuple[int, int, int]]:
+    """A tensor's rows (its first lead axes) as `CudaLogits.rows` describes
+    them, (inner, stride, outer), with the tensor: x itself, or a
+    contiguous copy when no two strides describe them (three or more
+    leading axes that do not merge)."""
+    rows = collapse(tuple(int(n) for n in x.shape[:lead]), x.stride()[:lead])
+    if rows is None:
+        x = x.contiguous()
+        rows = collapse(tuple(int(n) for n in x.shape[:lead]), x.stride()[:lead])
+        assert rows is not None  # C-contiguous leading axes merge into one
+    return x, rows[1:]
 
 
 # The per-row results of a pass, on the device: one float64 buffer of
@@ -65,7 +79,7 @@ N_RESULTS = 2 + len(OUTPUTS)
 # rows with targets that are counted (neither negative nor ignore_index:
 # targets stay on the device, the pass says which rows count); F_OOB a
 # counted row whose target is not below the vocabulary size (not read; an
-# error, raised before any logits error)
+# error, named in row order with the logits' errors, as the core names them)
 F_NAN, F_INF, F_NAN_REF, F_INF_REF, F_CROSS, F_EMPTY, F_EMPTY_REF, F_REDO = 1, 2, 4, 8, 16, 32, 64, 128
 F_COUNTED, F_OOB = 256, 512
 ERRORS = F_NAN | F_EMPTY | F_NAN_REF | F_EMPTY_REF

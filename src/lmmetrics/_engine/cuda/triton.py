@@ -45,8 +45,7 @@ import triton
 import triton.language as tl
 
 from .layout import (F_COUNTED, F_CROSS, F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, F_NAN, F_NAN_REF, F_OOB, N_RESULTS,
-                     RES_FLAGS, RES_TARGETS, SPAN_FLAGS, CudaLogits, chunk_bytes, row)
-from ..inputs import collapse
+                     RES_FLAGS, RES_TARGETS, SPAN_FLAGS, CudaLogits, chunk_bytes, row, rows_of)
 from ..request import RowResults
 
 if TYPE_CHECKING:
@@ -123,9 +122,15 @@ def _at(base: tl.tensor, g: tl.tensor, inner: tl.tensor, stride: tl.tensor, oute
 
 
 @triton.jit
+def _counted(t: tl.tensor, ignore: tl.tensor) -> tl.tensor:
+    """Whether a row with target t is counted (neither negative nor ignore)."""
+    return (t >= 0) & (t != ignore)
+
+
+@triton.jit
 def _live(t: tl.tensor, ignore: tl.tensor, n_cols: tl.tensor) -> tl.tensor:
     """Whether a row with target t is counted and its target can be read."""
-    return (t >= 0) & (t != ignore) & (t < n_cols)
+    return _counted(t, ignore) & (t < n_cols)
 
 
 @triton.jit
@@ -342,8 +347,9 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     if HAS_TGT:
         tgt = tl.load(_at(tgt_ptr, g, t_inner, t_stride, t_outer), mask=rmask, other=-1).to(tl.int64)
         tl.store(base + _O_TARGETS * n_total, tgt.to(tl.float64), mask=rmask)
-        oob = rmask & (tgt >= 0) & (tgt != ignore) & (tgt >= n_cols)
-        counted = rmask & _live(tgt, ignore, n_cols)
+        counted = rmask & _counted(tgt, ignore)
+        oob = counted & (tgt >= n_cols)
+        counted = counted & (tgt < n_cols)  # (_live: the rows read)
     tgt = tl.where(counted, tgt, 0)
     ninf = float("-inf")
     # all of a row's spans at once (no loop: triton 3.7's thread-locality
@@ -505,15 +511,6 @@ def _current(dev: torch.device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _rows_of(x: Optional[torch.Tensor]) -> Tuple[int, int, int]:
-    """(inner, stride, outer) of a targets tensor (`layout.CudaLogits.rows`)."""
-    if x is None:
-        return (1, 0, 0)
-    rows = collapse(tuple(int(k) for k in x.shape), x.stride())
-    assert rows is not None, "lmmetrics: internal error: targets no two strides describe"
-    return rows[1:]
-
-
 def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.Tensor], ignore: int,
             res: torch.Tensor, states: torch.Tensor, group: int, n_spans: int, out: RowResults, cap: float) -> None:
     dev = lg.keep.device
@@ -529,7 +526,7 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.T
     zr = lg.rows
     rr = zr if ref is None else ref.rows
     tg = z if targets is None else targets
-    tr = _rows_of(targets)
+    tr = (1, 0, 0) if targets is None else rows_of(targets, targets.dim())[1]  # (no copy: device_targets saw to it)
     has_tgt, has_ref, want_rank = targets is not None, ref is not None, out.rank is not None
     want = dict(HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=out.entropy is not None, WANT_RANK=want_rank,
                 CAPPED=bool(cap))
