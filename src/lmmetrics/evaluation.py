@@ -428,9 +428,9 @@ class Evaluator:
         self._ranks = _RankSums(self.top_k) if self.top_k else None  # with top_k
         self._cal = self._no_calibration()  # with calibration_bins
         # the batch on a CUDA device whose pass is launched, not yet added
-        # (`_drain`), the errors such passes found (raised at the next read,
+        # (`_drain`: at the next update or read), the errors such passes found (raised at the next read,
         # `_settle`), and the updates so far (to name a batch in an error)
-        self._pending: List[_Pending] = []
+        self._pending: Optional[_Pending] = None
         self._errors: List[Tuple[int, ValueError]] = []
         self._updates = 0
 
@@ -442,7 +442,7 @@ class Evaluator:
         yet raised included (the settings stay).
         """
         self._clear_sums()
-        self._pending = []
+        self._pending = None
         self._errors = []
         self._updates = 0
 
@@ -540,10 +540,27 @@ class Evaluator:
         per-token export); ``more`` asks the pass for further outputs. With
         defer, a pass on a CUDA device is not waited for: the batch is added
         at `_settle` (the results returned are then not yet computed)."""
-        ref = reference_logits is not None
-        full = not self.nll_only
         self._drain()  # (the batch before, on a device: added now, before this one launches)
         docs = self._document_rows(document_ids, targets)
+        res = self._pass(logits, targets, reference_logits, defer, **more)
+        rows = math.prod(res.lead_shape)
+        if docs is not None and docs.size != rows:
+            raise ValueError(f"document_ids give {docs.size} positions, the logits {rows}")
+        table = self._table(res.n_cols)
+        ref = reference_logits is not None
+        self._updates += 1
+        if res.pending is not None:
+            self._pending = _Pending(self._updates, res, table, ref, docs)
+            return res
+        self._take(res, table, ref, docs)
+        return res
+
+    def _pass(self, logits: Any, targets: Any, reference_logits: Any = None, defer: bool = False,
+              **more: bool) -> _engine.RowResults:
+        """The pass over a batch for what this Evaluator sums (and ``more``),
+        nothing added yet."""
+        ref = reference_logits is not None
+        full = not self.nll_only
         if self.top_k:
             more["rank"] = True
         if self.calibration_bins is not None:
@@ -552,17 +569,8 @@ class Evaluator:
                           shift=self.shift, softcap=self.softcap, num_threads=self.num_threads,
                           nll=True, entropy=full, argmax=full or ref or self.calibration_bins is not None,
                           kl=ref, ref_nll=ref, defer=defer, **more)
-        rows = math.prod(res.lead_shape)
         if self.top_k and self.top_k[-1] > res.n_cols:
             raise ValueError(f"top_k {self.top_k[-1]} is above the vocabulary size {res.n_cols}")
-        if docs is not None and docs.size != rows:
-            raise ValueError(f"document_ids give {docs.size} positions, the logits {rows}")
-        table = self._table(res.n_cols)
-        self._updates += 1
-        if res.pending is not None:
-            self._pending.append(_Pending(self._updates, res, table, ref, docs))
-            return res
-        self._take(res, table, ref, docs)
         return res
 
     def _take(self, res: _engine.RowResults, table: Optional[I64Array], ref: bool,
@@ -578,11 +586,10 @@ class Evaluator:
     def _sequence_states(self, logits: Any, targets: Any) -> List[Dict[str, Any]]:
         """The `state_dict` of each sequence (first axis) of one batch, as
         an Evaluator like this one would hold after that sequence alone:
-        from one pass over the batch (one wait for a device), this
-        Evaluator's own sums left empty."""
-        self._settle()
-        res = self._update_rows(logits, targets)
+        from one pass over the batch (one wait for a device). This
+        Evaluator's own sums are cleared, before and after."""
         self._clear_sums()
+        res = self._pass(logits, targets)
         table = self._table(res.n_cols)
         lead = res.lead_shape
         per = math.prod(lead[1:])
@@ -599,19 +606,19 @@ class Evaluator:
         return states
 
     def _drain(self) -> None:
-        """Add the batches whose passes were launched on a device and not
-        waited for, in their order (each waits for its own transfer); the
-        error of a batch whose pass found one is kept for `_settle`, and
-        that batch is not added."""
-        while self._pending:
-            p = self._pending[0]
-            try:
-                p.res.finish()
-            except ValueError as e:
-                self._errors.append((p.update, e))
-            else:
-                self._take(p.res, p.table, p.ref, p.docs)
-            del self._pending[0]
+        """Add the batch whose pass was launched on a device and not waited
+        for (a wait for its own transfer only); the error its pass found is
+        kept for `_settle`, and the batch is not added."""
+        p = self._pending
+        if p is None:
+            return
+        try:
+            p.res.finish()
+        except ValueError as e:
+            self._errors.append((p.update, e))
+        else:
+            self._take(p.res, p.table, p.ref, p.docs)
+        self._pending = None
 
     def _settle(self) -> None:
         """Before a read of the sums: the batches not yet added added
@@ -927,7 +934,7 @@ class Evaluator:
             raise ValueError(f"Evaluator state: {problem} (not a state_dict of an Evaluator like this one)")
         self._state = st
         self._docs, self._ranks, self._cal = docs, ranks, cal
-        self._pending, self._errors = [], []  # (replaced with the rest: a batch on a device not yet added)
+        self._pending, self._errors = None, []  # (replaced with the rest: a batch on a device not yet added)
 
     def _state_problem(self, st: _Sums, docs: Optional[DocumentSums], ranks: Optional[_RankSums],
                        cal: Optional[Calibration]) -> Optional[str]:
@@ -1069,7 +1076,7 @@ class Evaluator:
                 "document_ids": (docs, ("given", "not given")[docs - 1] if docs else "no batch")}
 
     def __repr__(self) -> str:
-        pending = f", updates_pending={len(self._pending)}" if self._pending else ""
+        pending = ", updates_pending=1" if self._pending is not None else ""
         return f"Evaluator(tokens={self._state.tokens}, ignore_index={self.ignore_index}{pending})"
 
 
