@@ -735,6 +735,164 @@ def group_targets_stay_on_the_device():
     print("GROUP OK")
 
 
+def _stubbed_driver():
+    """Triton's active driver replaced by one for an sm_90 device that
+    loads nothing and records each launch (launcher, arguments) instead of
+    running it; None (with a SKIP line) when this triton cannot compile for
+    sm_90 here."""
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.driver import driver
+
+    @triton.jit
+    def probe(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK).to(tl.float32))
+
+    try:
+        triton.compile(ASTSource(fn=probe, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32))
+    except Exception as e:  # pragma: no cover - depends on the triton build
+        print(f"SKIP: this triton does not compile for sm_90 here ({e!r})")
+        return None
+    launches = []
+
+    class Launcher:
+        def __init__(self, src, metadata):
+            pass
+
+        def __call__(self, *args):
+            launches.append((self, args))
+
+    class Utils:
+        def load_binary(self, name, kernel, shared, device):
+            return 11, 22, 32, 0, 1024  # module, function, registers, spills, threads
+
+        def get_device_properties(self, device):
+            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+        def unload_module(self, module):
+            pass
+
+    class Driver:
+        utils = Utils()
+        launcher_cls = Launcher
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 7
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_device_interface(self):
+            return torch.cuda
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+        def is_active(self):
+            return True
+
+    driver.set_active(Driver())
+    return launches
+
+
+def group_direct_launch():
+    """Launches past Triton's binder (triton._run): on a stubbed driver, each
+    later launch of a specialization hands the compiled kernel's launcher
+    exactly what Triton's own launch does (grid, stream, function,
+    metadata, hooks, every argument) and goes to the kernel Triton picks,
+    over cases that differ in what Triton specializes on (dtypes, a
+    logits pointer off 16 bytes, a vocabulary of a multiple of 16, one row,
+    strides, targets, a reference, a softcap, the rank), in one cache."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from lmmetrics import _engine
+    from lmmetrics._engine import cuda as _cuda, inputs as _inputs
+    from lmmetrics._engine.cuda import triton as _triton
+
+    if not _triton._direct:
+        print(f"SKIP: launches go through triton's own launcher with this triton ({_triton.triton.__version__})")
+        return
+    launches = _stubbed_driver()
+    if launches is None:
+        return
+    _inputs.is_cuda = lambda x: isinstance(x, torch.Tensor)
+    _cuda._force_triton = True
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(4, 6, 1000, generator=g)
+    ids = torch.randint(0, 1000, (4, 6), generator=g)
+    wide = torch.randn(3, 40000, generator=g)
+    strided = torch.randint(0, 1000, (6, 16), generator=g)
+    cases = [
+        (z.bfloat16(), ids, None, dict(shift=True, nll=True)),
+        (z[..., :-1].bfloat16(), ids, None, dict(shift=True, nll=True, entropy=True, argmax=True)),
+        (z.bfloat16()[..., 1:], ids, None, dict(shift=True, nll=True)),      # logits off 16 bytes
+        (z[..., :992], ids % 992, None, dict(shift=True, nll=True, entropy=True, argmax=True, rank=True)),
+        (z[:1, :2].half(), ids[:1, :2], None, dict(shift=True, nll=True)),    # one row
+        (z[0], ids[0].int(), z[1].bfloat16(), dict(shift=False, nll=True, kl=True)),
+        (z[0], None, z[1], dict(kl=True, entropy=True, argmax=True)),
+        (z.bfloat16(), ids, None, dict(shift=True, nll=True, softcap=30.0)),
+        (wide, torch.tensor([5, 39999, 20000]), None, dict(shift=False, nll=True, entropy=True, top_logprob=True)),
+        (z.bfloat16(), ids, None, dict(shift=True, nll=True)),               # the first case again
+        # ... and cases that differ from the last in integers only: a
+        # vocabulary of a multiple of 16, targets at stride 1, 16 and 3
+        (z.bfloat16()[..., :992], ids % 992, None, dict(shift=True, nll=True)),
+        (z[0].bfloat16(), ids[0], None, dict(shift=False, nll=True)),
+        (z[0].bfloat16(), strided[:, 0], None, dict(shift=False, nll=True)),
+        (z[0].bfloat16(), strided[:, ::3][:, 0], None, dict(shift=False, nll=True)),
+    ]
+    jit_runs = []
+    run = JITFunction.run
+    JITFunction.run = lambda self, *a, **k: jit_runs.append(1) or run(self, *a, **k)
+
+    def launched(case):
+        launches.clear()
+        jit_runs.clear()
+        logits, targets, reference, kw = case
+        try:  # (the stubbed launches compute nothing: what the pass then reads is undefined)
+            _engine.run(logits, targets, reference, **kw)
+        except Exception:
+            pass
+        inputs = [x for x in (logits, targets, reference) if x is not None]
+        return [(launcher, [_described(a, inputs) for a in args]) for launcher, args in launches], len(jit_runs)
+
+    for i, case in enumerate(cases):
+        _triton._direct = False
+        want, n_jit = launched(case)
+        assert len(want) == 2 and n_jit == 2, (i, want, n_jit)
+        _triton._direct = True
+        launched(case)  # through Triton the first time the cache does not hold the specialization
+        got, n_jit = launched(case)
+        assert n_jit == 0, (i, n_jit)
+        assert len(got) == 2, (i, got)
+        for (lg, ag), (lw, aw) in zip(got, want):
+            assert lg is lw, f"case {i}: another compiled kernel than triton's"
+            assert ag == aw, f"case {i}:\n{ag}\n{aw}"
+    assert len({id(k) for k in _triton._compiled.values()}) == len(_triton._compiled) >= 2 * 10
+    print("GROUP OK")
+
+
+def _described(a, inputs):
+    """A launch argument as comparable across two passes: a tensor by its
+    dtype, shape, strides and 16-byte alignment (its address too when it is
+    one of the pass's inputs), the launch metadata by its contents."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        own = any(a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in inputs)
+        return ("tensor", a.dtype, tuple(a.shape), a.stride(), a.data_ptr() % 16, own and a.data_ptr())
+    if type(a).__name__ == "LazyDict":
+        return ("metadata", dict(a.data), list(a.extras))
+    return a
+
+
 def _compare(got, want, keys=None):
     if keys is not None:
         for k in keys:
@@ -917,6 +1075,10 @@ def test_interpreted(group):
     _in_subprocess(group)
 
 
+def test_direct_launch_passes_what_triton_passes():
+    _in_subprocess("group_direct_launch", interpret=False)
+
+
 def test_compiles_for_sm90_without_spills():
     _in_subprocess("group_compile_sm90", interpret=False)
 
@@ -972,6 +1134,45 @@ def test_gpu_kernel_against_the_torch_path_and_the_core(monkeypatch):
         with pytest.raises(ValueError, match=r"NaN in logits at row 5"):
             lmmetrics.cross_entropy(z.cuda(), tc)
     assert len(calls) == 3 * (2 + 3 + 1)
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="CUDA absent")
+def test_gpu_cached_launch_gives_triton_launchers_bits(monkeypatch):
+    """Launches past Triton's binder (a specialization's second launch on)
+    give the bits of Triton's own launches, over specializations (dtypes,
+    logits off 16 bytes, a vocabulary of a multiple of 16, targets at
+    stride 1 and 3, shift=True views, one row), and are taken."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from lmmetrics import _engine
+    from lmmetrics._engine.cuda import triton as _triton
+
+    if not _triton._direct:
+        pytest.skip(f"launches go through triton's own launcher with this triton ({_triton.triton.__version__})")
+    jit_runs = []
+    run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: jit_runs.append(1) or run(self, *a, **k))
+    z, r, t = _random((3, 40), 5000, torch.float32, seed=4)
+    zc, rc, tc = z.cuda(), r.cuda(), t.cuda()
+    big = torch.randint(0, 5000, (3, 40, 3), generator=torch.Generator().manual_seed(9)).cuda()
+    cases = [(zc.bfloat16(), tc, None, dict(shift=True)), (zc[..., 1:].bfloat16(), tc % 4999, None, dict(shift=True)),
+             (zc[..., :4992], tc % 4992, rc[..., :4992].half(), dict(shift=False, kl=True, ref_nll=True)),
+             (zc[0], big[0, :, 0], None, dict(shift=False, rank=True)), (zc[:1, :2], tc[:1, :2], None, dict(shift=True)),
+             (zc.half(), tc, None, dict(shift=True, softcap=20.0))]
+    for i, (logits, targets, ref, kw) in enumerate(cases):
+        kw = dict(kw, nll=True, entropy=True, argmax=True)
+        monkeypatch.setattr(_triton, "_direct", False)
+        want = _engine.run(logits, targets, ref, **kw)
+        monkeypatch.setattr(_triton, "_direct", True)
+        _engine.run(logits, targets, ref, **kw)
+        jit_runs.clear()
+        got = _engine.run(logits, targets, ref, **kw)
+        assert not jit_runs, i
+        for k in KEYS + ("rank",):
+            if getattr(want, k, None) is not None:
+                np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=f"case {i}: {k}")
+        assert got.nll_sum == want.nll_sum
 
 
 @pytest.mark.skipif(not _cuda_available(), reason="CUDA absent")

@@ -37,12 +37,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import numpy as np
 
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 from .layout import (F_COUNTED, F_CROSS, F_EMPTY, F_EMPTY_REF, F_INF, F_INF_REF, F_NAN, F_NAN_REF, F_OOB, N_RESULTS,
                      RES_FLAGS, RES_TARGETS, SPAN_FLAGS, CudaLogits, chunk_bytes, row, rows_of)
@@ -425,6 +428,62 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     tl.store(base + _O_FLAGS * n_total, flags.to(tl.float64), mask=rmask)
 
 
+# One launch without Triton's binder. ``kernel[grid](...)`` costs the host
+# ~20 us a launch (measured on a 2-core VM with the driver's own launch
+# stubbed): it types and specializes every argument, builds a cache key
+# from them and looks the compiled kernel up. A pass launches two kernels,
+# and an 8-row pass takes tens of microseconds of GPU time, so that cost
+# is the call's. Here the first launch of a specialization goes through
+# Triton (which compiles it), and the compiled kernel is kept under a key
+# at least as fine as Triton's: each tensor's dtype and 16-byte alignment,
+# each integer's type, whether it is 1, divisible by 16 and within int32
+# (Triton specializes on no more than these); the constexprs, the warps
+# and the device. Later launches with that key call the compiled kernel's
+# launcher with the arguments Triton's own launch passes it (hooks and
+# launch metadata included: profilers see the same launches). The shape of
+# that call is Triton's (runtime/jit.py, JITFunction.run), checked for the
+# versions named here against Triton's own launch on a stubbed driver
+# (tests/cuda/test_triton.py, group_direct_launch); other versions, the
+# interpreter, a pre-run hook or a stage inspection hook take Triton's
+# launch every time. A Triton setting changed after a specialization's
+# first launch (TRITON_DEBUG, ...) applies to specializations compiled
+# after it only.
+_DIRECT_VERSIONS = ("3.9.",)
+_direct = not INTERPRET and triton.__version__.startswith(_DIRECT_VERSIONS)
+_compiled: Dict[Tuple[Any, ...], Any] = {}
+
+
+def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, Any], warps: int) -> None:
+    """fn[grid](*args, **cons, num_warps=warps), past Triton's binder when a
+    launch of the same specialization went through it before (above)."""
+    if not (_direct and isinstance(fn, JITFunction)) or fn.pre_run_hooks or \
+            knobs.runtime.add_stages_inspection_hook is not None:
+        fn[grid](*args, **cons, num_warps=warps)
+        return
+    device = driver.active.get_current_device()
+    # an integer: is 1, divisible by 16, int32, below 2^63; a float: fp32;
+    # anything else: its type, dtype and alignment (inline: a function
+    # call an argument would cost what the binder does)
+    key = (id(fn), device, warps, tuple(cons.items()), *[
+        (a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2 | (a < 0x8000000000000000) << 3
+        if type(a) is int else -1 if type(a) is float else (type(a), a.dtype, (a.data_ptr() & 15) == 0)
+        for a in args])
+    kernel = _compiled.get(key)
+    if kernel is None:
+        kernel = fn[grid](*args, **cons, num_warps=warps)
+        # the launcher takes every parameter in the signature's order: the
+        # kernels' constexprs come last, as cons names them
+        if kernel is not None and list(fn.arg_names) == list(fn.arg_names[:len(args)]) + list(cons):
+            _compiled[key] = kernel
+        return
+    stream = driver.active.get_current_stream(device)
+    full = (*args, *cons.values())
+    g = (*grid, 1, 1)
+    kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+               kernel.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
+               knobs.runtime.launch_exit_hook, *full)
+
+
 # test hooks: shorter spans (SPAN // _span of the default's lane-rows,
 # 2 tiles a span), a fixed number of spans a program
 _span = SPAN
@@ -527,18 +586,19 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.T
     rr = zr if ref is None else ref.rows
     tg = z if targets is None else targets
     tr = (1, 0, 0) if targets is None else rows_of(targets, targets.dim())[1]  # (no copy: device_targets saw to it)
-    has_tgt, has_ref, want_rank = targets is not None, ref is not None, out.rank is not None
-    want = dict(HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=out.entropy is not None, WANT_RANK=want_rank,
-                CAPPED=bool(cap))
+    has_tgt, has_ref, ent, amax, rank, capped = (targets is not None, ref is not None, out.entropy is not None,
+                                                 out.argmax is not None, out.rank is not None, bool(cap))
     for row0 in range(0, n, group):
         rows = min(group, n - row0)
         st = states if rows == states.shape[2] else \
             states.view(-1)[: _NFIELDS * n_spans * rows].view(_NFIELDS, n_spans, rows)
         per = _programs_per_row(rows, n_spans, dev)
         grid = (rows, (n_spans + per - 1) // per)
-        _spans[grid](z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_spans, per, capf, inv_hi, inv_lo,
-                     VEC=vec, LROWS=lrows, TPS=tps, WANT_AMAX=out.argmax is not None, **want, num_warps=warps)
+        # (constexprs in the signature's order: see _run)
+        _run(_spans, grid, (z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_spans, per, capf, inv_hi, inv_lo),
+             dict(VEC=vec, LROWS=lrows, TPS=tps, HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=ent, WANT_AMAX=amax,
+                  WANT_RANK=rank, CAPPED=capped), warps)
         mrows = max(1, min(16, _MERGE_ELEMS // ns))
-        _merge[((rows + mrows - 1) // mrows,)](
-            st, z, r, tg, res, rows, row0, n, V, n_spans, *zr, *rr, *tr, ignore, capf, 1.0 / capf,
-            ROWS=mrows, NS=ns, **want, num_warps=4)
+        _run(_merge, ((rows + mrows - 1) // mrows,),
+             (st, z, r, tg, res, rows, row0, n, V, n_spans, *zr, *rr, *tr, ignore, capf, 1.0 / capf),
+             dict(ROWS=mrows, NS=ns, HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=ent, WANT_RANK=rank, CAPPED=capped), 4)
