@@ -26,6 +26,7 @@ python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 90"
 timeout "$(limit 170)" python3 -m pytest -q -p no:cacheprovider $per_test -k "not routed" tests/cuda/test_cuda_path.py \
     tests/cuda/test_triton.py::test_gpu_kernel_against_the_torch_path_and_the_core \
     tests/cuda/test_triton.py::test_gpu_rows_past_2_31_elements tests/cuda/test_triton.py::test_gpu_path_edges_on_a_gpu \
+    tests/cuda/test_triton.py::test_gpu_cached_launch_gives_triton_launchers_bits \
     tests/cuda/test_triton.py::test_compiles_for_sm90_without_spills 2>&1 | tee "$out/tests.log" | tail -5
 timeout "$(limit 60)" python3 -m lmmetrics bench --device cuda --dtype bfloat16 --tokens 8192 2>&1 | tee "$out/bench.log"
 timeout "$(limit 150)" python3 benchmarks/gpu_sweep.py 2>&1 | tee "$out/sweep.log"
