@@ -437,18 +437,17 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 # Triton (which compiles it), and the compiled kernel is kept under a key
 # at least as fine as Triton's: each tensor's dtype and 16-byte alignment,
 # each integer's type, whether it is 1, divisible by 16 and within int32
-# (Triton specializes on no more than these); the constexprs, the warps
-# and the device. Later launches with that key call the compiled kernel's
+# (Triton specializes on no more than these); the constexprs, the warps,
+# the device and the settings Triton reads at each launch (debug,
+# instrumentation). Later launches with that key call the compiled kernel's
 # launcher with the arguments Triton's own launch passes it (hooks and
 # launch metadata included: profilers see the same launches). The shape of
 # that call is Triton's (runtime/jit.py, JITFunction.run), checked for the
 # versions named here against Triton's own launch on a stubbed driver
 # (tests/cuda/test_triton.py, group_direct_launch); other versions, the
 # interpreter, a pre-run hook or a stage inspection hook take Triton's
-# launch every time. A Triton setting changed after a specialization's
-# first launch (TRITON_DEBUG, ...) applies to specializations compiled
-# after it only.
-_DIRECT_VERSIONS = ("3.9.",)
+# launch every time.
+_DIRECT_VERSIONS = ("3.6.", "3.7.", "3.8.", "3.9.")
 _direct = not INTERPRET and triton.__version__.startswith(_DIRECT_VERSIONS)
 _compiled: Dict[Tuple[Any, ...], Any] = {}
 
@@ -461,13 +460,20 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
         fn[grid](*args, **cons, num_warps=warps)
         return
     device = driver.active.get_current_device()
-    # an integer: is 1, divisible by 16, int32, below 2^63; a float: fp32;
-    # anything else: its type, dtype and alignment (inline: a function
-    # call an argument would cost what the binder does)
-    key = (id(fn), device, warps, tuple(cons.items()), *[
-        (a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2 | (a < 0x8000000000000000) << 3
-        if type(a) is int else -1 if type(a) is float else (type(a), a.dtype, (a.data_ptr() & 15) == 0)
-        for a in args])
+    # an integer: is 1, divisible by 16, int32, below 2^63; a float: fp32; a
+    # tensor: its type, dtype and alignment (inline: a function call an
+    # argument would cost what the binder does; anything else, a bool or a
+    # numpy scalar, has no data_ptr: Triton's launch); and the settings
+    # Triton's launch adds to its options
+    try:
+        key = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+               getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()), *[
+                   (a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2
+                   | (a < 0x8000000000000000) << 3 if type(a) is int else -1 if type(a) is float
+                   else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
+    except AttributeError:
+        fn[grid](*args, **cons, num_warps=warps)
+        return
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = fn[grid](*args, **cons, num_warps=warps)
