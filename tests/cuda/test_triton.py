@@ -915,21 +915,14 @@ def group_direct_launch_probe():
     dev = [0]
     driver.active.get_current_device = lambda: dev[0]
 
-    @triton.jit
-    def probe(x_ptr, y_ptr, n, m, f, BLOCK: tl.constexpr, FLAG: tl.constexpr):
+    def body(x_ptr, y_ptr, n, m, f, BLOCK: tl.constexpr, FLAG: tl.constexpr):
         o = tl.arange(0, BLOCK)
         v = tl.load(x_ptr + o * m, mask=o < n).to(tl.float32) * f
         if FLAG:
             v = v + 1
         tl.store(y_ptr + o * n, v.to(y_ptr.dtype.element_ty), mask=o < m)
 
-    @triton.jit(do_not_specialize=("n",))
-    def probe_dns(x_ptr, y_ptr, n, m, f, BLOCK: tl.constexpr, FLAG: tl.constexpr):
-        o = tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + o * m, mask=o < n).to(tl.float32) * f
-        if FLAG:
-            v = v + 1
-        tl.store(y_ptr + o * n, v.to(y_ptr.dtype.element_ty), mask=o < m)
+    probe, probe_dns = triton.jit(body), triton.jit(do_not_specialize=("n",))(body)
 
     base = torch.zeros(64)
     b8 = torch.zeros(64, dtype=torch.int8)
@@ -968,7 +961,7 @@ def group_direct_launch_probe():
     for rnd in range(2):  # the second time round, every key is cached
         for i, (fn, args, cons, w, d) in enumerate(cases):
             dev[0] = d
-            same(fn, args, cons, w, label=(rnd, i, fn.__name__, args[2:], cons, w, d))
+            same(fn, args, cons, w, label=(rnd, i, fn is probe_dns, args[2:], cons, w, d))
     dev[0] = 0
     assert len(_triton._compiled) > 60, len(_triton._compiled)
     # the settings Triton adds to each launch's options, turned on and off
