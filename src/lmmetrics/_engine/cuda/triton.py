@@ -444,9 +444,9 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 # launch metadata included: profilers see the same launches). The shape of
 # that call is Triton's (runtime/jit.py, JITFunction.run), checked for the
 # versions named here against Triton's own launch on a stubbed driver
-# (tests/cuda/test_triton.py, group_direct_launch); other versions, the
-# interpreter, a pre-run hook or a stage inspection hook take Triton's
-# launch every time.
+# (tests/cuda/test_triton.py: group_direct_launch, group_direct_launch_probe);
+# other versions, the interpreter, a pre-run hook or a stage inspection
+# hook take Triton's launch every time.
 _DIRECT_VERSIONS = ("3.6.", "3.7.", "3.8.", "3.9.")
 _direct = not INTERPRET and triton.__version__.startswith(_DIRECT_VERSIONS)
 _compiled: Dict[Tuple[Any, ...], Any] = {}
