@@ -307,6 +307,41 @@ def test_a_pass_reads_the_device_once_when_it_ends(dev, small_chunks, monkeypatc
     assert got.n_counted == want.n_counted and got.nll_sum == pytest.approx(want.nll_sum, rel=1e-6)
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "gathered"])
+@pytest.mark.parametrize("triton_on", ["1", "0"], ids=["triton", "torch"])
+def test_results_come_back_whole_or_gathered_alike(dev, monkeypatch, whole, triton_on):
+    """A small pass's result buffer comes to the host whole (no gather on the
+    device), a larger one's asked rows gathered first: the same values,
+    errors and deferred Evaluator sums either way, on both paths."""
+    monkeypatch.setenv("LMMETRICS_TRITON", triton_on)
+    monkeypatch.setattr(_cuda, "_WHOLE_BYTES", 2**40 if whole else 0)
+    stacks = []
+    stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda *a, **k: stacks.append(1) or stack(*a, **k))
+    z, r, t = _data(dev, shape=(5, 9))
+    zn, rn, tn = z.cpu().numpy(), r.cpu().numpy(), t.cpu().numpy()
+    for ask, ref in ((dict(nll=True), None), (dict(nll=True, entropy=True, argmax=True, rank=True), None),
+                     (dict(kl=True, ref_nll=True, argmax=True, top_logprob=True), r)):
+        got = _engine.run(z, t, ref, shift=False, **ask)
+        want = _engine.run(zn, tn, None if ref is None else rn, shift=False, **ask)
+        _same_outputs(got, want)
+        np.testing.assert_array_equal(got.targets, want.targets)
+        assert got.n_counted == want.n_counted and got.nll_sum == pytest.approx(want.nll_sum, rel=1e-6)
+    bad = z.clone()
+    bad[3, 2, 7] = math.nan
+    with pytest.raises(ValueError, match=r"NaN in logits at row 29 \(position \(3, 2\)\)"):
+        _engine.run(bad, t, nll=True, shift=False)
+    ev = lmmetrics.Evaluator(shift=True, top_k=(1, 3))
+    host = lmmetrics.Evaluator(shift=True, top_k=(1, 3))
+    for k in range(2):
+        ev.update(z[k:], t[k:])
+        host.update(zn[k:], tn[k:])
+    got = ev.compute().as_dict()
+    for k, v in host.compute().as_dict().items():
+        assert got[k] == (v if v is None else pytest.approx(v, rel=1e-6, abs=1e-6)), k
+    assert (not stacks) == whole, stacks
+
+
 def test_uncertified_rows_are_done_again_after_the_one_transfer(dev, small_chunks, monkeypatch):
     """A +inf row, a target at -inf and a NaN row: the chunks still go
     without a wait, the pass's values come back once, and only then are the

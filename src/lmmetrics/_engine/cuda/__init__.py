@@ -99,12 +99,12 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     for what was queued on the stream after it."""
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
-    names, stacked = _gathered(res, out, tgt is not None)
-    early = _queued_copy(stacked) if defer else None
+    names, sent, picks = _gathered(res, out, tgt is not None)
+    early = _queued_copy(sent) if defer else None
     versions = _versions(lg, ref)
 
     def finish() -> None:
-        host = stacked.cpu().numpy() if early is None else early()
+        host = _picked(sent.cpu().numpy() if early is None else early(), picks)
 
         def redo(idx: I64Array) -> None:  # the rows the fast paths could not certify
             if _versions(lg, ref) != versions:
@@ -125,16 +125,16 @@ def _versions(lg: CudaLogits, ref: Optional[CudaLogits]) -> Tuple[int, ...]:
     return tuple(int(getattr(x.keep, "_version", 0)) for x in (lg, ref) if x is not None)
 
 
-def _queued_copy(stacked: torch.Tensor) -> Optional[Callable[[], F64Array]]:
-    """A copy of the device tensor stacked to the host, queued on the current
+def _queued_copy(sent: torch.Tensor) -> Optional[Callable[[], F64Array]]:
+    """A copy of the device tensor sent to the host, queued on the current
     stream (no wait), and what returns it once done (a wait for this copy
     only); None off a CUDA device (the tensor is there already)."""
     import torch
 
-    if stacked.device.type != "cuda":
+    if sent.device.type != "cuda":
         return None
-    host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-    host.copy_(stacked, non_blocking=True)
+    host = torch.empty(sent.shape, dtype=sent.dtype, pin_memory=True)
+    host.copy_(sent, non_blocking=True)
     done = torch.cuda.Event()  # type: ignore[no-untyped-call]
     done.record()
 
@@ -187,15 +187,31 @@ def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: floa
     return res
 
 
-def _gathered(res: torch.Tensor, out: RowResults, with_targets: bool) -> Tuple[List[str], torch.Tensor]:
-    """The names and the rows of res one transfer brings to the host: the
-    flags, the outputs out asks for and (with_targets) the targets (a
-    tensor on the device: queued, not waited for)."""
+# A pass's result buffer of at most this many bytes comes to the host whole
+# (its rows picked there: no gather launched on the device for a small
+# call); a larger one, the rows asked for only.
+_WHOLE_BYTES = 64 * 1024
+
+
+def _gathered(res: torch.Tensor, out: RowResults,
+              with_targets: bool) -> Tuple[List[str], torch.Tensor, Optional[List[int]]]:
+    """What one transfer brings to the host: the names of its rows (the
+    flags, the outputs out asks for and, with_targets, the targets), the
+    tensor to bring (on the device: queued, not waited for) and the rows to
+    take from it once there (None: all, gathered on the device)."""
     import torch
 
     names = [name for name in OUTPUTS if getattr(out, name) is not None]
     at = [RES_FLAGS] + [row(name) for name in names] + ([RES_TARGETS] if with_targets else [])
-    return names + (["targets"] if with_targets else []), torch.stack([res[i] for i in at])
+    names += ["targets"] if with_targets else []
+    if res.numel() * res.element_size() <= _WHOLE_BYTES:
+        return names, res, at
+    return names, torch.stack([res[i] for i in at]), None
+
+
+def _picked(host: F64Array, picks: Optional[List[int]]) -> F64Array:
+    """The rows picks of a transfer's host copy (`_gathered`)."""
+    return host if picks is None else host[picks]
 
 
 def _first_error(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
@@ -233,8 +249,8 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     (redo(their positions)), so that one of them (NaN behind +inf) is
     named if it comes first, as the core names it."""
     if fetched is None:
-        names, stacked = _gathered(res, out, targets is not None)
-        host: F64Array = stacked.cpu().numpy()
+        names, sent, picks = _gathered(res, out, targets is not None)
+        host: F64Array = _picked(sent.cpu().numpy(), picks)
     else:
         names, host = fetched
     flags = host[0].astype(np.int64)
