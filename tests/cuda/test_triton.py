@@ -735,17 +735,14 @@ def group_targets_stay_on_the_device():
     print("GROUP OK")
 
 
-def _stubbed_driver():
-    """Triton's active driver replaced by one for an sm_90 device that
-    loads nothing and records each launch (launcher, arguments) instead of
-    running it; None (with a SKIP line) when this triton cannot compile for
-    sm_90 here."""
-    import torch
+def _sm90_compile_problem():
+    """Why this triton cannot compile for sm_90 without a GPU through
+    ASTSource (a trivial kernel: a failure there skips a group, a failure on
+    lmmetrics' kernels fails it); None when it can."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.driver import driver
 
     @triton.jit
     def probe(x_ptr, BLOCK: tl.constexpr):
@@ -753,9 +750,24 @@ def _stubbed_driver():
 
     try:
         triton.compile(ASTSource(fn=probe, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
-                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32))
+                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32)).asm["cubin"]
     except Exception as e:  # pragma: no cover - depends on the triton build
-        print(f"SKIP: this triton does not compile for sm_90 here ({e!r})")
+        return e
+    return None
+
+
+def _stubbed_driver():
+    """Triton's active driver replaced by one for an sm_90 device that
+    loads nothing and records each launch (launcher, arguments) instead of
+    running it; None (with a SKIP line) when this triton cannot compile for
+    sm_90 here."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    problem = _sm90_compile_problem()
+    if problem is not None:
+        print(f"SKIP: this triton does not compile for sm_90 here through ASTSource ({problem!r})")
         return None
     launches = []
 
@@ -1057,19 +1069,9 @@ def group_compile_sm90():
     if not cuobjdump:
         print("SKIP: no cuobjdump bundled with this triton")
         return
-    # does this triton compile without a GPU, through this API? (a trivial
-    # kernel: a failure there skips; a failure on lmmetrics' kernels fails)
-    import triton.language as tl
-
-    @triton.jit
-    def probe(x_ptr, BLOCK: tl.constexpr):
-        tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK).to(tl.float32))
-
-    try:
-        triton.compile(ASTSource(fn=probe, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
-                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32)).asm["cubin"]
-    except Exception as e:
-        print(f"SKIP: this triton does not compile for sm_90 here through ASTSource ({e!r})")
+    problem = _sm90_compile_problem()
+    if problem is not None:
+        print(f"SKIP: this triton does not compile for sm_90 here through ASTSource ({problem!r})")
         return
 
     # the bounds below hold from triton 3.8 on; before it (3.6 in the GPU

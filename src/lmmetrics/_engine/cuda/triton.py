@@ -455,31 +455,29 @@ _compiled: Dict[Tuple[Any, ...], Any] = {}
 def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, Any], warps: int) -> None:
     """fn[grid](*args, **cons, num_warps=warps), past Triton's binder when a
     launch of the same specialization went through it before (above)."""
-    if not (_direct and isinstance(fn, JITFunction)) or fn.pre_run_hooks or \
-            knobs.runtime.add_stages_inspection_hook is not None:
-        fn[grid](*args, **cons, num_warps=warps)
-        return
-    device = driver.active.get_current_device()
-    # an integer: is 1, divisible by 16, int32, below 2^63; a float: fp32; a
-    # tensor: its type, dtype and alignment (inline: a function call an
-    # argument would cost what the binder does; anything else, a bool or a
-    # numpy scalar, has no data_ptr: Triton's launch); and the settings
-    # Triton's launch adds to its options
-    try:
-        key = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-               getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()), *[
-                   (a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2
-                   | (a < 0x8000000000000000) << 3 if type(a) is int else -1 if type(a) is float
-                   else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
-    except AttributeError:
-        fn[grid](*args, **cons, num_warps=warps)
-        return
-    kernel = _compiled.get(key)
+    key = device = None
+    if _direct and isinstance(fn, JITFunction) and not fn.pre_run_hooks and \
+            knobs.runtime.add_stages_inspection_hook is None:
+        device = driver.active.get_current_device()
+        # an integer: is 1, divisible by 16, int32, below 2^63; a float:
+        # fp32; a tensor: its type, dtype and alignment (inline: a function
+        # call an argument would cost what the binder does; anything else,
+        # a bool or a numpy scalar, has no data_ptr: Triton's launch); and
+        # the settings Triton's launch adds to its options
+        try:
+            key = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+                   getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()), *[
+                       (a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2
+                       | (a < 0x8000000000000000) << 3 if type(a) is int else -1 if type(a) is float
+                       else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
+        except AttributeError:
+            pass
+    kernel = None if key is None else _compiled.get(key)
     if kernel is None:
         kernel = fn[grid](*args, **cons, num_warps=warps)
-        # the launcher takes every parameter in the signature's order: the
-        # kernels' constexprs come last, as cons names them
-        if kernel is not None and list(fn.arg_names) == list(fn.arg_names[:len(args)]) + list(cons):
+        # (the launcher takes every parameter in the signature's order: the
+        # kernels' constexprs come last, as cons names them)
+        if key is not None and kernel is not None and list(fn.arg_names[len(args):]) == list(cons):
             _compiled[key] = kernel
         return
     stream = driver.active.get_current_stream(device)
