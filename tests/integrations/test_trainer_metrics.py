@@ -318,6 +318,13 @@ def _worker(out):
         metrics = _evaluate(model, data["rows"], data["token_bytes"], out / "trainer", **kwargs)
         metrics = {k: v for k, v in metrics.items() if not k.endswith(("runtime", "per_second", "_time"))}
         (out / f"{mode}.{dist.get_rank()}.json").write_text(json.dumps(metrics))
+    # The Trainer (through accelerate) made the process group; left for the
+    # interpreter's teardown, gloo's worker threads can still hold tensors
+    # then and a rank dies with SIGABRT ("terminate called without an active
+    # exception", seen once in CI): every rank done, then taken down here.
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
