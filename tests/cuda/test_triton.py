@@ -314,12 +314,32 @@ def group_errors():
         z7[0, 1, 5] = math.inf
         z7[0, 1, 9] = math.nan
         assert same_error(z7, t6).startswith("NaN in logits at row 1")
+        # that row's reference bad too (a NaN, all -inf): +inf hid the
+        # logits' NaN from the flags, and the core names the logits first
+        r8 = r.clone()
+        r8[0, 1, 50] = math.nan
+        assert same_error(z7, t, r8).startswith("NaN in logits at row 1")
+        r8[0, 1, :] = -math.inf
+        assert same_error(z7, t, r8).startswith("NaN in logits at row 1")
         t6[0, 1] = 7000
         assert same_error(z1, t6.int()).startswith("target 7000 at position (0, 1) is out of range")
         # metrics on a bad row raise as the core does
         with pytest.raises(ValueError, match="NaN in logits"):
             lmmetrics.cross_entropy(z1, t)
-    assert len(calls) == 2 * 2 + 11, len(calls)
+    assert len(calls) == 2 * 2 + 13, len(calls)
+    # lazy logits (chunks of whole rows, on the device until one transfer):
+    # a row with +inf and NaN (0 * inf) before a row with NaN
+    w = torch.randn(600, 4, generator=torch.Generator().manual_seed(5))
+    w[5, 0], w[9, 2] = 1e30, math.inf
+    h = torch.randn(6, 4, generator=torch.Generator().manual_seed(6))
+    h[:, 2] = 0.5
+    h[1] = torch.tensor([1e30, 1.0, 0.0, 0.0])  # +inf at 5, NaN at 9
+    h[4, 1] = math.nan
+    t = torch.arange(6) * 7
+    assert same_error(h @ w.T, t).startswith("NaN in logits at row 1")
+    for budget in (2 * 600 * 4, None):
+        lazy = lmmetrics.projected(h, w, chunk_bytes=budget)
+        assert _errors_of(lambda: _engine.run(lazy, t, nll=True)).startswith("NaN in logits at row 1")
     print("GROUP OK")
 
 

@@ -185,10 +185,11 @@ def _into(out: RowResults, sel: I64Array, lead: Tuple[int, ...], results: Callab
 
 def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], out: RowResults,
             lead: Tuple[int, ...], cap: float, step: int) -> None:
-    """The CUDA chunks' results to the host in one transfer, into out (the
-    first bad row raises); the rows the pass could not certify done again
-    by the exact path, step rows at a time, as the CUDA pass of each chunk
-    would have done them. Their logits are computed again (the chunks' are
+    """The CUDA chunks' results to the host in one transfer, into out; the
+    rows the pass could not certify done again by the exact path, step rows
+    at a time, as the CUDA pass of each chunk would have done them, those up
+    to the first bad row before it raises (`lmmetrics._engine.cuda.settle`:
+    the first bad row is named, as the core names it). Their logits are computed again (the chunks' are
     gone), from a product of fewer rows: on a GPU the matmul may round
     them a last bit differently, as a change of chunk_bytes would."""
     import torch
@@ -196,7 +197,6 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
     rows = np.concatenate([sel for sel, _ in on_device])
     res = torch.cat([part for _, part in on_device], 1)
     on_device.clear()
-    slow = rows[_cuda.settle(res, out, rows, lead)]
 
     def exact(sel: I64Array) -> RowResults:
         n = sel.size
@@ -207,9 +207,13 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
         _cuda.exact_rows(np.arange(n), lg, ref, part, cap, None if t is None else to_device(t, lg.keep.device))
         return part
 
-    for a in range(0, slow.size, step):
-        sel = slow[a:a + step]
-        _into(out, sel, lead, lambda: exact(sel))
+    def redo(at: I64Array) -> None:  # (before a later row's error is raised: the first bad row is named)
+        slow = rows[at]
+        for a in range(0, slow.size, step):
+            sel = slow[a:a + step]
+            _into(out, sel, lead, lambda: exact(sel))
+
+    _cuda.settle(res, out, rows, lead, redo=redo)
 
 
 def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array], out: RowResults,

@@ -245,9 +245,10 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     as the pass read them. Returns the positions in res of the rows to do
     again by the exact path (flagged so, or a NaN the flags did not
     foresee). Raises for the first counted row with a bad target or bad
-    logits; with redo, the rows to do again before it are done first
+    logits; with redo, the rows to do again up to it are done first
     (redo(their positions)), so that one of them (NaN behind +inf) is
-    named if it comes first, as the core names it."""
+    named if it comes first, as the core names it (and that row's own
+    error, where it is one of them)."""
     if fetched is None:
         names, sent, picks = _gathered(res, out, targets is not None)
         host: F64Array = _picked(sent.cpu().numpy(), picks)
@@ -275,8 +276,10 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     first = _first_error(flags, counted, rows, lead_shape, tv, targets, out.n_cols)
     slow_at = np.flatnonzero(slow)
     if first is not None:
-        if redo is not None and slow_at.size and slow_at[0] < first[0]:
-            redo(slow_at[slow_at < first[0]])
+        # (the bad row itself too: +inf hides its side's NaN from the flags,
+        # so the other side's error may not be the one the core names)
+        if redo is not None and slow_at.size and slow_at[0] <= first[0]:
+            redo(slow_at[slow_at <= first[0]])
         raise first[1]
     if redo is not None and slow_at.size:
         redo(slow_at)
