@@ -541,6 +541,7 @@ class Evaluator:
         defer, a pass on a CUDA device is not waited for: the batch is added
         at `_settle` (the results returned are then not yet computed)."""
         self._drain()  # (the batch before, on a device: added now, before this one launches)
+        self._updates += 1  # (every call, one that raises at once too: an error kept names the user's count)
         docs = self._document_rows(document_ids, targets)
         res = self._pass(logits, targets, reference_logits, defer, **more)
         rows = math.prod(res.lead_shape)
@@ -548,7 +549,6 @@ class Evaluator:
             raise ValueError(f"document_ids give {docs.size} positions, the logits {rows}")
         table = self._table(res.n_cols)
         ref = reference_logits is not None
-        self._updates += 1
         if res.pending is not None:
             self._pending = _Pending(self._updates, res, table, ref, docs)
             return res

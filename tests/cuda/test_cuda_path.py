@@ -696,6 +696,15 @@ def test_an_error_found_on_the_device_is_raised_when_the_sums_are_read(dev):
                                          r"target 600 at position \(2, 3\) is out of range"):
         ev.compute()
     assert ev.compute().tokens == 0
+    # a call that raised at once counts: the update named is the user's count of calls
+    ev.reset()
+    ev.update(*batches[0][::2])
+    with pytest.raises(ValueError, match="shape"):
+        ev.update(z, t[:, :3])
+    ev.update(z, t)
+    with pytest.raises(ValueError, match=r"^update 3 of this Evaluator .*NaN in logits at row 21"):
+        ev.compute()
+    ev.reset()
     for drop in ("reset", "load_state_dict"):
         ev.update(z, t)
         getattr(ev, drop)(*([lmmetrics.Evaluator().state_dict()] if drop == "load_state_dict" else []))
@@ -721,6 +730,34 @@ def test_the_first_bad_row_is_named_when_an_earlier_row_is_redone(dev):
                 _engine.run(z.numpy(), tt.numpy(), nll=True)
             with pytest.raises(ValueError, match=r"^NaN in logits at row 0"):
                 _engine.run(z.to(dev), tt.to(dev), nll=True)
+        # the row's reference bad too (a NaN, all -inf): the logits' NaN,
+        # which +inf hides from the fast path's flags, is named first
+        r = torch.randn(4, 600, generator=g, dtype=dtype)
+        r[0, 50] = math.nan
+        for ref in (r, torch.where(torch.arange(4)[:, None] == 0, -math.inf, r)):
+            with pytest.raises(ValueError, match=r"^NaN in logits at row 0"):
+                _engine.run(z.numpy(), t.numpy(), ref.numpy(), nll=True, kl=True)
+            with pytest.raises(ValueError, match=r"^NaN in logits at row 0"):
+                _engine.run(z.to(dev), t.to(dev), ref.to(dev), nll=True, kl=True)
+    # lazy logits (chunks of whole rows): a row with +inf and NaN (0 * inf)
+    # before a row with NaN; either side lazy
+    w = torch.randn(300, 4, generator=g)
+    w[5, 0], w[9, 2] = 1e30, math.inf
+    h = torch.randn(4, 4, generator=g)
+    h[:, 2] = 0.5
+    h[0] = torch.tensor([1e30, 1.0, 0.0, 0.0])  # +inf at 5, NaN at 9
+    h[2, 1] = math.nan
+    t = torch.randint(0, 300, (4,), generator=g)
+    z = h @ w.T
+    assert torch.isinf(z[0]).any() and torch.isnan(z[0]).any()
+    with pytest.raises(ValueError, match=r"^NaN in logits at row 0"):
+        _engine.run(z.numpy(), t.numpy(), nll=True)
+    for budget in (300 * 4, None):
+        lazy = lmmetrics.projected(h.to(dev), w.to(dev), chunk_bytes=budget)
+        with pytest.raises(ValueError, match=r"^NaN in logits at row 0"):
+            _engine.run(lazy, t.to(dev), nll=True)
+        with pytest.raises(ValueError, match=r"^NaN in reference_logits at row 0"):
+            _engine.run(torch.zeros(4, 300).to(dev), t.to(dev), lazy, nll=True, kl=True)
 
 
 def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, monkeypatch):
