@@ -189,9 +189,10 @@ def _settle(logits: Any, reference: Any, on_device: List[Tuple[I64Array, Any]], 
     rows the pass could not certify done again by the exact path, step rows
     at a time, as the CUDA pass of each chunk would have done them, those up
     to the first bad row before it raises (`lmmetrics._engine.cuda.settle`:
-    the first bad row is named, as the core names it). Their logits are computed again (the chunks' are
-    gone), from a product of fewer rows: on a GPU the matmul may round
-    them a last bit differently, as a change of chunk_bytes would."""
+    the first bad row is named, as the core names it). Their logits are
+    computed again (the chunks' are gone), from a product of fewer rows: on
+    a GPU the matmul may round them a last bit differently, as a change of
+    chunk_bytes would."""
     import torch
 
     rows = np.concatenate([sel for sel, _ in on_device])

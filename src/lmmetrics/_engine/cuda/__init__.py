@@ -237,18 +237,17 @@ def _first_error(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], 
 
 def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
            targets: Optional[torch.Tensor] = None, redo: Optional[Callable[[I64Array], None]] = None,
-           fetched: Optional[Tuple[List[str], F64Array]] = None) -> I64Array:
+           fetched: Optional[Tuple[List[str], F64Array]] = None) -> None:
     """The flags of res's rows and the outputs out asks for, to the host in
     one transfer (or as fetched already: names and rows), into out's
     arrays at rows (flat row numbers; None: all out's rows, in order), and
     with targets (the pass's, on the device) out's targets and counted rows
-    as the pass read them. Returns the positions in res of the rows to do
-    again by the exact path (flagged so, or a NaN the flags did not
-    foresee). Raises for the first counted row with a bad target or bad
-    logits; with redo, the rows to do again up to it are done first
-    (redo(their positions)), so that one of them (NaN behind +inf) is
-    named if it comes first, as the core names it (and that row's own
-    error, where it is one of them)."""
+    as the pass read them. The rows to do again by the exact path (flagged
+    so, or a NaN the flags did not foresee) go to redo (their positions in
+    res), when given. Raises for the first counted row with a bad target or
+    bad logits; the rows to do again up to it are done first, so that one
+    of them (NaN behind +inf) is named if it comes first, as the core names
+    it (and that row's own error, where it is one of them)."""
     if fetched is None:
         names, sent, picks = _gathered(res, out, targets is not None)
         host: F64Array = _picked(sent.cpu().numpy(), picks)
@@ -283,7 +282,6 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
         raise first[1]
     if redo is not None and slow_at.size:
         redo(slow_at)
-    return slow_at
 
 
 def exact_rows(idx: I64Array, lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: float,
