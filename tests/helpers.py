@@ -179,6 +179,25 @@ def gpu_path_edges(V=700):
     return z, r, t, expect
 
 
+def inf_and_nan_head(V, n, bad, nan_row, seed=0):
+    """Hidden states h (n, 4) and a head w (V, 4), torch float32, whose
+    logits h @ w.T hold +inf (1e30 * 1e30) and NaN (0 * inf) in row bad,
+    +inf elsewhere in every other row (0.5 * inf), and NaN across row
+    nan_row: lazy logits where +inf hides a NaN from a fast pass's flags."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(V, 4, generator=g)
+    w[5, 0], w[9, 2] = 1e30, math.inf
+    h = torch.randn(n, 4, generator=g)
+    h[:, 2] = 0.5
+    h[bad] = torch.tensor([1e30, 1.0, 0.0, 0.0])  # +inf at 5, NaN at 9
+    h[nan_row, 1] = math.nan
+    z = h @ w.T
+    assert torch.isinf(z[bad]).any() and torch.isnan(z[bad]).any()
+    return h, w
+
+
 def check_gpu_path_edges(device):
     """The rows of gpu_path_edges through the CUDA path for ``device``'s
     tensors (float32; torch, or Triton where the caller routes it): each

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import lmmetrics  # noqa: E402
-from helpers import BF16, ref_entropy, ref_kl, ref_nll  # noqa: E402
+from helpers import BF16, inf_and_nan_head, ref_entropy, ref_kl, ref_nll  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lmmetrics.__file__)))
@@ -329,12 +329,7 @@ def group_errors():
     assert len(calls) == 2 * 2 + 13, len(calls)
     # lazy logits (chunks of whole rows, on the device until one transfer):
     # a row with +inf and NaN (0 * inf) before a row with NaN
-    w = torch.randn(600, 4, generator=torch.Generator().manual_seed(5))
-    w[5, 0], w[9, 2] = 1e30, math.inf
-    h = torch.randn(6, 4, generator=torch.Generator().manual_seed(6))
-    h[:, 2] = 0.5
-    h[1] = torch.tensor([1e30, 1.0, 0.0, 0.0])  # +inf at 5, NaN at 9
-    h[4, 1] = math.nan
+    h, w = inf_and_nan_head(600, 6, bad=1, nan_row=4, seed=5)
     t = torch.arange(6) * 7
     assert same_error(h @ w.T, t).startswith("NaN in logits at row 1")
     for budget in (2 * 600 * 4, None):
