@@ -18,7 +18,7 @@ imports neither, and this module does not import transformers.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -35,6 +35,32 @@ _REPORTED = {"tokens": "tokens", "loss": "token_loss", "perplexity": "perplexity
              "ece": "ece"}
 #: the value a Trainer pads predictions with (pad_across_processes, nested concatenation)
 _PAD = -100.0
+
+
+def _the_logits(outputs: Sequence[Any], labels: Any) -> Any:
+    """The logits among the outputs the Trainer passes as a tuple (every
+    field of the model's output but the loss and ``ignore_keys``, in field
+    order): the first when it is a (B, T, V) tensor for labels (B, T) (a
+    plain causal LM's, where the logits come first), else the one such
+    tensor (a mixture of experts puts its ``aux_loss`` first); no such
+    tensor, or several after a first that is not one, is an error naming
+    the outputs' shapes."""
+    lead = tuple(getattr(labels, "shape", ()))[:2]
+
+    def fits(x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and x.dim() == 3 and tuple(x.shape[:2]) == lead
+
+    if outputs and fits(outputs[0]):
+        return outputs[0]
+    found = [x for x in outputs if fits(x)]
+    if len(found) == 1:
+        return found[0]
+    shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__ for x in outputs)
+    what = "none is" if not found else f"{len(found)} are"
+    raise ValueError(f"TrainerMetrics needs the model's logits (batch, time, vocabulary) for labels of shape "
+                     f"{lead}: the model's outputs reach it as a tuple ({shapes}), of which {what} shaped so; "
+                     f"leave the other outputs out with trainer.evaluate(ignore_keys=[...]) (their field names) "
+                     f"or the model config's keys_to_ignore_at_inference")
 
 
 def _leaves(state: Mapping[str, Any]) -> List[Tuple[str, float]]:
@@ -181,8 +207,12 @@ class TrainerMetrics:
         Parameters
         ----------
         logits : torch.Tensor (B, T, V) or tuple
-            The model's logits (the first element of a tuple of outputs),
-            in any float dtype, on any device.
+            The model's logits, in any float dtype, on any device; or the
+            tuple of the model's outputs the Trainer passes when there are
+            several (its logits: the first element when that is a (B, T,
+            V) tensor, as in a plain model's outputs, else the one (B, T,
+            V) tensor among them, as after a mixture of experts'
+            ``aux_loss``).
         labels : torch.Tensor (B, T)
             The batch's unshifted labels, ``-100`` where not counted (also
             where the Trainer padded the batch across ranks).
@@ -197,18 +227,20 @@ class TrainerMetrics:
         ------
         ValueError
             No labels (the dataset has no ``labels``), several label
-            tensors, logits that are not (B, T, V), or what
+            tensors, logits that are not (B, T, V) (or outputs where no
+            element, or several, could be the logits: leave the others out
+            with ``trainer.evaluate(ignore_keys=[...])``), or what
             ``lmmetrics.Evaluator.update`` refuses (a label >= V, NaN
             logits at a counted position, shapes that do not match).
         """
-        if isinstance(logits, (tuple, list)):
-            logits = logits[0]
         if labels is None:
             raise ValueError("TrainerMetrics needs labels: the evaluation batches have none (give the dataset "
                              "a 'labels' column, or set TrainingArguments(label_names=[...]))")
         if isinstance(labels, (tuple, list)):
             raise ValueError(f"TrainerMetrics needs one labels tensor, got a tuple of {len(labels)} "
                              f"(TrainingArguments.label_names names several)")
+        if isinstance(logits, (tuple, list)):
+            logits = _the_logits(logits, labels)
         if getattr(logits, "ndim", None) != 3:
             raise ValueError(f"TrainerMetrics needs logits shaped (batch, time, vocabulary), got shape "
                              f"{tuple(getattr(logits, 'shape', ()))}")

@@ -274,6 +274,41 @@ def test_rows_are_each_sequence_alone_from_one_pass(monkeypatch):
     np.testing.assert_allclose(routed.numpy(), rows, rtol=1e-6, atol=1e-9)
 
 
+def test_a_mixture_of_experts_puts_its_aux_loss_before_the_logits(setup, tmp_path, monkeypatch):
+    """With output_router_logits (Mixtral, Qwen2-MoE, OLMoE, ...) the Trainer
+    hands the first hook (aux_loss, logits, router_logits): the logits are
+    found among them, and every metric is float64's from the model's own
+    logits."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_local_experts=4,
+        num_experts_per_tok=2, output_router_logits=True)).eval()
+    seen = []
+    first = TrainerMetrics.preprocess_logits_for_metrics
+    monkeypatch.setattr(TrainerMetrics, "preprocess_logits_for_metrics",
+                        lambda self, logits, labels: seen.append(logits) or first(self, logits, labels))
+    rows, token_bytes = setup[1][:4], setup[2]
+    got = _evaluate(model, rows, token_bytes, tmp_path)
+    assert isinstance(seen[0], tuple) and seen[0][0].dim() == 0 and seen[0][1].dim() == 3  # (the case)
+    _check(got, _reference(model, rows, token_bytes), "mixtral")
+
+
+def test_the_logits_among_the_outputs():
+    tm = TrainerMetrics()
+    labels = torch.zeros(2, 4, dtype=torch.long)
+    z, other = torch.randn(2, 4, 7), torch.randn(2, 4, 3)
+    want = tm.preprocess_logits_for_metrics(z, labels)
+    for outputs in ((z, other), (torch.tensor(0.5), z, (torch.randn(8, 4),)), [z]):
+        assert torch.equal(tm.preprocess_logits_for_metrics(outputs, labels), want)
+    with pytest.raises(ValueError, match=r"none is shaped so.*ignore_keys"):
+        tm.preprocess_logits_for_metrics((torch.tensor(0.5), torch.randn(2, 5, 7)), labels)
+    with pytest.raises(ValueError, match=r"\(2, 4, 3\)\), of which 2 are shaped so.*ignore_keys"):
+        tm.preprocess_logits_for_metrics((torch.tensor(0.5), z, other), labels)
+
+
 def test_clear_errors():
     from types import SimpleNamespace
 
