@@ -100,7 +100,8 @@ class LazyHFLM(HFLM):
         if why is None:
             vocab = int(self.model.get_input_embeddings().weight.shape[0])
             first = self.prefix_token_id if self.prefix_token_id is not None else 0
-            probe = torch.tensor([[first] + list(range(1, 8))], dtype=torch.long, device=self.device) % vocab
+            n = max(1, min(8, int(self.max_length)))  # (a model with fewer positions cannot read 8)
+            probe = torch.tensor([[first] + list(range(1, n))], dtype=torch.long, device=self.device) % vocab
             try:
                 with self._forward_context():
                     plan = _findings(model_logits(self.model, probe))

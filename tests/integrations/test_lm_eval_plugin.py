@@ -157,6 +157,26 @@ def test_bfloat16_model_matches_hflm_with_a_float32_softmax(tokenizer, model):
     _assert_close(lazy.loglikelihood(reqs, disable_tqdm=True), want)
 
 
+def test_a_model_with_fewer_positions_than_the_probe(tokenizer):
+    """The one-time check of the model reads at most max_length tokens: a
+    model with 6 learned positions is served by the lazy path (no fallback
+    warning) and matches HFLM."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=320, n_embd=32, n_layer=1, n_head=2, n_positions=6,
+                                     bos_token_id=0, eos_token_id=1)).eval()
+    reqs = [Instance("loglikelihood", {}, (c, x), i)
+            for i, (c, x) in enumerate([("the cat", " sat"), ("the cat sat on", " the mat."), ("", " on")])]
+    want = _lm(HFLM, gpt, tokenizer, max_length=6, softmax_dtype="float32", logits_cache=False).loglikelihood(
+        reqs, disable_tqdm=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = _lm(LazyHFLM, gpt, tokenizer, max_length=6).loglikelihood(reqs, disable_tqdm=True)
+    assert not [w for w in seen if "hf-lmmetrics" in str(w.message)]
+    _assert_close(got, want)
+
+
 def test_the_head_runs_only_where_a_continuation_is_scored(model, tokenizer, token_requests, monkeypatch):
     lm = _lm(LazyHFLM, model, tokenizer, batch_size=4)
     assert lm._lazy_plan() is not None  # (model_logits' check, on a probe, is done)
