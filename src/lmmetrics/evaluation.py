@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _engine
+from ._engine.checks import check_positive_int
 from ._engine.inputs import as_index_array, as_table
 from ._engine.request import fsum
 from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr
@@ -1393,7 +1394,7 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
         Inputs and their targets (B, T), already aligned (y is x shifted by
         one); negative targets are ignored.
     steps : int
-        How many batches to read.
+        How many batches to read, at least 1.
     token_bytes : array_like or torch.Tensor
         ``token_bytes[v]`` is the byte length of token ``v``; 0 for special
         tokens, which leave both sums.
@@ -1412,7 +1413,7 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     Raises
     ------
     ValueError
-        As for `lmmetrics.bits_per_byte`.
+        ``steps`` not a positive integer, or as for `lmmetrics.bits_per_byte`.
 
     Examples
     --------
@@ -1427,6 +1428,7 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     import torch
     import torch.distributed as dist
 
+    steps = check_positive_int("steps", steps)  # (range(-1) would read nothing and give inf)
     ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False,  # y is aligned with x
                    softcap=softcap)
     it = iter(batches)

@@ -89,6 +89,13 @@ def test_evaluate_bpb_softcap_as_nanochat_applies_it(dtype):
         lmmetrics.evaluate_bpb(model, iter(data), 1, tb, softcap=0.0)
 
 
+@pytest.mark.parametrize("steps", [0, -1, True, 1.0, "2"])
+def test_evaluate_bpb_refuses_a_step_count_that_is_not_a_positive_integer(steps):
+    model, data = TinyLM(), batches(n=2)
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        lmmetrics.evaluate_bpb(model, iter(data), steps, torch.ones(97, dtype=torch.int64))
+
+
 def test_evaluate_bpb_no_bytes_is_inf():
     model, data = TinyLM(), batches(n=1)
     assert lmmetrics.evaluate_bpb(model, data, 1, torch.zeros(97, dtype=torch.int64)) == math.inf
