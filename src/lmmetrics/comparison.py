@@ -44,7 +44,8 @@ class Estimate:
     ----------
     value : float
     uncertainty : float
-        One standard error; 0 where too few tokens were counted to give one.
+        One standard error; 0 where too few tokens were counted to give one,
+        inf where the value is infinite.
     """
 
     value: float
@@ -98,7 +99,7 @@ class Comparison:
         ``exp(mean NLL)`` of the model and of the reference.
     correlation : float
         Of the per-token NLL of model and reference; NaN on 10 tokens or
-        fewer (no uncertainties to divide by).
+        fewer (no uncertainties to divide by) and where an NLL is infinite.
     ln_ratio : Estimate
         Mean ``ln(PPL / PPL_ref)``.
     ratio : Estimate
@@ -317,10 +318,30 @@ def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[floa
                     rms, _div(0.5, rms) * mse_unc, same, _sqrt(_div(same * (1.0 - same), n - 1)))
 
 
-def _distribution(x: F64Array, pcts: Sequence[float], mean: float, sigma: float) -> Distribution:
-    per = {p: float(v) for p, v in zip(pcts, np.quantile(x, [p / 100.0 for p in pcts]))}
+def _quantile(s: F64Array, f: float) -> float:
+    """The f-quantile of the sorted values s, interpolated linearly at
+    f (n - 1) (numpy's and llama.cpp's rule) as a + t (b - a): an infinite
+    neighbour gives inf for t > 0 and no weight at t = 0 (numpy's
+    interpolation gives NaN next to inf)."""
+    pos = f * (s.size - 1)
+    lo = int(pos)
+    t = pos - lo
+    a, b = float(s[lo]), float(s[min(lo + 1, s.size - 1)])
+    return a if t == 0.0 or a == b else a + t * (b - a)
+
+
+def _distribution(x: F64Array, pcts: Sequence[float], mean: Estimate) -> Distribution:
+    s = np.sort(x)
+    per = {p: _quantile(s, p / 100.0) for p in pcts}
     median = per.pop(50.0)
-    return Distribution(Estimate(mean, sigma), float(x.max()), float(x.min()), median, per)
+    return Distribution(mean, float(s[-1]), float(s[0]), median, per)
+
+
+def _estimate(value: float, uncertainty: float) -> Estimate:
+    """An Estimate; an infinite value (a token the model rules out) has an
+    infinite uncertainty, as `lmmetrics.evaluate`'s standard errors do,
+    where llama.cpp's arithmetic gives 0 or NaN."""
+    return Estimate(value, uncertainty if math.isfinite(value) else math.inf)
 
 
 def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
@@ -365,12 +386,12 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         agreement = Estimate(p_in, math.sqrt(p_in * (1 - p_in) / (n - 1)) if n > 1 else 0.0)
     return Comparison(
         tokens=n,
-        ppl=Estimate(v.ppl, v.ppl_unc), ppl_ref=Estimate(v.ppl_base, v.ppl_base_unc),
+        ppl=_estimate(v.ppl, v.ppl_unc), ppl_ref=_estimate(v.ppl_base, v.ppl_base_unc),
         correlation=v.cor if math.isfinite(v.cor) else math.nan,
-        ln_ratio=Estimate(v.ln_ratio, ln_unc), ratio=Estimate(v.ratio, v.ratio * ln_unc),
-        delta_ppl=Estimate(v.diff, v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
-        kld=_distribution(kld, KLD_PERCENTILES, v.kld, v.kld_unc),
-        delta_p=_distribution(dp, DELTA_P_PERCENTILES, v.dp, v.dp_unc),
+        ln_ratio=_estimate(v.ln_ratio, ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc),
+        delta_ppl=_estimate(v.diff, v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
+        kld=_distribution(kld, KLD_PERCENTILES, _estimate(v.kld, v.kld_unc)),
+        delta_p=_distribution(dp, DELTA_P_PERCENTILES, Estimate(v.dp, v.dp_unc)),
         rms_delta_p=Estimate(v.rms, v.rms_unc if v.rms > 0 else 0.0),
         same_top=Estimate(v.same, v.same_unc if n > 1 else 0.0),
         top_k=top_k if in_top_k is not None else None, top_k_agreement=agreement, _llama=v)

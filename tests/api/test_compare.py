@@ -314,3 +314,45 @@ def test_llama_cpp_prints_its_nan_and_inf():
     c = lmmetrics.comparison.comparison_from_tokens(*_degenerate_case("1 token"))
     assert c.llama_cpp().splitlines()[-1] == "Same top p: 100.000 ±  -nan %"  # 0 / 0
     assert c.same_top.uncertainty == 0.0
+
+
+def test_a_token_the_model_rules_out():
+    """Where the model gives -inf to a token the reference gives mass to, that
+    token's KL is infinite: the mean and the percentiles interpolated towards
+    it are inf (numpy's quantile gave NaN: inf - inf), the others float64's,
+    and an infinite value's uncertainty is inf, as evaluate()'s is; a target
+    ruled out makes the perplexity and its ratio infinite likewise. No NaN
+    and no warning; llama_cpp() keeps llama.cpp's own arithmetic."""
+    import warnings
+
+    rng = np.random.default_rng(4)
+    r = random_logits(rng, (40, 16), np.float32)
+    z = (r + rng.standard_normal(r.shape) * 0.3).astype(np.float32)
+    t = rng.integers(0, 16, 40)
+    z[[7, 21], 3] = -np.inf                 # two tokens of infinite KL (targets elsewhere)
+    t[[7, 21]] = 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = lmmetrics.compare(z, t, reference_logits=r)
+    exp = reference_stats(r, z, t)
+    kl = np.sort(exp["kld_values"])
+    assert np.isinf(kl[-2:]).all() and np.isfinite(kl[:-2]).all()
+    for p, v in c.kld.percentiles.items():
+        pos = p / 100 * (kl.size - 1)
+        if math.ceil(pos) >= kl.size - 2:   # interpolated towards an infinite KL
+            assert v == math.inf, p
+        else:
+            assert close(v, np.quantile(kl[:-2], pos / (kl.size - 3)), abs=2e-6), p
+    assert c.kld.max == c.kld.mean.value == c.kld.mean.uncertainty == math.inf
+    assert math.isfinite(c.ppl.value) and close(c.ppl.value, exp["ppl"][0])   # the targets keep their mass
+    assert "Mean    KLD:        inf ±   0.000000" in c.llama_cpp().splitlines()
+    assert "Mean    KLD:        inf ±        inf nats" in str(c).splitlines()
+    assert "nan" not in str(c).replace("Cor(ln(PPL(Q)), ln(PPL(base))):    nan%", "")
+    t[11] = 3
+    z[11, 3] = -np.inf                      # a target ruled out: the model's NLL is infinite there
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = lmmetrics.compare(z, t, reference_logits=r)
+    for e in (c.ppl, c.ln_ratio, c.ratio, c.delta_ppl, c.kld.mean):
+        assert e.value == e.uncertainty == math.inf
+    assert math.isnan(c.correlation) and np.isfinite(c.ppl_ref.value)
