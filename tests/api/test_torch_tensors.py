@@ -83,3 +83,31 @@ def test_torch_is_not_imported_for_numpy_input():
     code = ("import sys, numpy as np, lmmetrics; lmmetrics.token_nll(np.zeros((2, 3), np.float32), [0, 1]);"
             "lmmetrics.show_config(False); assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_target_out_of_range_is_named_where_it_is_in_the_targets():
+    """With shift=True the pass reads targets[..., 1:]: an out-of-range
+    target is named at its index in the unshifted targets the caller gave
+    (it was named one position early), on every path: numpy, torch, lazy
+    logits, an Evaluator; the logits' rows keep their own positions."""
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((4, 8, 16)).astype(np.float32)
+    t = rng.integers(0, 16, (4, 8))
+    t[3, 6] = 99
+    h = rng.standard_normal((4, 8, 5)).astype(np.float32)
+    w = rng.standard_normal((16, 5)).astype(np.float32)
+    want = r"^target 99 at position \(3, 6\) is out of range for a vocabulary of 16$"
+    for shift in (False, True):
+        for logits, targets in ((z, t), (torch.from_numpy(z), torch.from_numpy(t)),
+                                (lmmetrics.projected(h, w), t)):
+            with pytest.raises(ValueError, match=want):
+                lmmetrics.cross_entropy(logits, targets, shift=shift)
+        with pytest.raises(ValueError, match=want):
+            lmmetrics.evaluate(z, t, shift=shift)
+        with pytest.raises(ValueError, match=want):
+            lmmetrics.Evaluator(shift=shift).update(z, t)
+    t[3, 6] = 1
+    z[3, 6, 2] = np.nan   # (the logits at (3, 6) are read under shift=True: their row keeps its index)
+    for shift in (False, True):
+        with pytest.raises(ValueError, match=r"NaN in logits at row \d+ \(position \(3, 6\)\)"):
+            lmmetrics.cross_entropy(z, t, shift=shift)

@@ -659,6 +659,21 @@ def test_an_evaluator_on_a_device_waits_for_it_only_when_read(dev, monkeypatch):
         assert twin.compute().tokens == ev.compute().tokens == got["tokens"] + 3 * 16 - 10
 
 
+def test_a_target_out_of_range_is_named_in_the_unshifted_targets(dev):
+    """shift=True on the device: the pass reads targets[..., 1:] there, and
+    an out-of-range target is named at its index in the targets given, at
+    once and from an Evaluator's deferred pass alike."""
+    z, _, t = _data(dev, shape=(3, 9), V=600)
+    t[2, 7] = 600
+    want = r"target 600 at position \(2, 7\) is out of range for a vocabulary of 600"
+    with pytest.raises(ValueError, match=want):
+        lmmetrics.cross_entropy(z, t, shift=True)
+    ev = lmmetrics.Evaluator(shift=True)
+    ev.update(z, t)
+    with pytest.raises(ValueError, match=r"^update 1 of this Evaluator .*" + want):
+        ev.compute()
+
+
 def test_an_error_found_on_the_device_is_raised_when_the_sums_are_read(dev):
     """A NaN row or a target out of range in a batch whose pass was not
     waited for: raised at the next read (compute, state_dict, all_reduce,

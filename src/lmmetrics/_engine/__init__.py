@@ -13,7 +13,7 @@ module of this package imports one above it (``tests/package/test_layers.py``).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
@@ -26,10 +26,11 @@ from .checks import check_shift as check_shift
 from .checks import check_softcap as check_softcap
 from .checks import check_threads as check_threads
 from .chunked import run_lazy
+from .errors import TargetError
 from .inputs import is_torch, model_logits, shifted
 from .lazy import Projected
 from .request import RowResults as RowResults
-from .request import want_of
+from .request import Want, want_of
 
 
 def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index: Optional[int] = -100,
@@ -60,9 +61,32 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         logits, targets, reference = shifted(logits, targets, reference)
     if ("kl" in want or "ref_nll" in want) and reference is None:
         raise ValueError("reference_logits are required for the KL divergence")
+    if not said:
+        return _pass(logits, targets, reference, ignore, cap, threads, want, defer)
+    try:  # (a target out of range is named where it is in the unshifted targets)
+        out = _pass(logits, targets, reference, ignore, cap, threads, want, defer)
+    except TargetError as e:
+        raise e.unshifted() from None
+    pending = out.pending
+    if pending is not None:
+        out.pending = lambda: _unshifted_errors(pending)
+    return out
+
+
+def _pass(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, threads: int, want: Want,
+          defer: bool) -> RowResults:
     if isinstance(logits, Projected) or isinstance(reference, Projected):
         return run_lazy(logits, targets, reference, ignore, cap, threads, want)
     return compute(logits, targets, reference, ignore, cap, threads, want, defer)
+
+
+def _unshifted_errors(pending: Callable[[], None]) -> None:
+    """A deferred pass of shifted inputs completed (`run`'s rule for its
+    target errors)."""
+    try:
+        pending()
+    except TargetError as e:
+        raise e.unshifted() from None
 
 
 def nll_total(logits: Any, targets: Any, *, ignore_index: Optional[int], shift: Optional[bool],

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._core import lm_status as Status
 
-__all__ = ["Status", "ROW_STATUSES", "RowError", "position", "row_error", "target_error"]
+__all__ = ["Status", "ROW_STATUSES", "RowError", "TargetError", "position", "row_error", "target_error"]
 
 _ROW_MESSAGES = {
     Status.LM_ERR_NAN: "NaN in logits at row {row} (position {pos})",
@@ -39,7 +39,25 @@ def row_error(status: int, row: int, lead_shape: Sequence[int]) -> RowError:
     return RowError(status, row, lead_shape)
 
 
-def target_error(value: int, i: int, n_cols: int, lead_shape: Sequence[int]) -> ValueError:
+class TargetError(ValueError):
+    """A counted target outside [0, n_cols): a ValueError whose message names
+    the target's position in the targets; ``value``, ``row`` (flattened, in
+    the pass), ``n_cols`` and ``lead_shape`` say which, so that a pass over
+    aligned views (``shift=True``) can name the position in the input."""
+
+    def __init__(self, value: int, row: int, n_cols: int, lead_shape: Sequence[int], shift: int = 0) -> None:
+        pos = position(row, lead_shape)
+        if shift:  # (the pass read targets[..., 1:]: the last index is one further on in the input)
+            pos = pos[:-1] + (pos[-1] + shift,)
+        super().__init__(f"target {int(value)} at position {pos} is out of range for a vocabulary of {n_cols}")
+        self.value, self.row, self.n_cols, self.lead_shape = int(value), row, n_cols, tuple(lead_shape)
+
+    def unshifted(self) -> TargetError:
+        """The same error named at the target's position in the unshifted
+        targets (the pass read ``targets[..., 1:]``)."""
+        return TargetError(self.value, self.row, self.n_cols, self.lead_shape, shift=1)
+
+
+def target_error(value: int, i: int, n_cols: int, lead_shape: Sequence[int]) -> TargetError:
     """The exception for a counted target outside [0, n_cols)."""
-    return ValueError(f"target {int(value)} at position {position(i, lead_shape)} is out of "
-                      f"range for a vocabulary of {n_cols}")
+    return TargetError(value, i, n_cols, lead_shape)
