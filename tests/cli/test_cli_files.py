@@ -672,3 +672,37 @@ def test_legacy_pt_is_read(tmp_path):
     res = run("score", tmp_path / "old.pt", tmp_path / "old.pt", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["loss"] == pytest.approx(_nll_mean(z, t), abs=2e-6)
+
+
+@pytest.mark.parametrize("chunk_mb", [None, 0.0002])   # (0.0002: 3 rows of 16 float32 a chunk)
+@pytest.mark.parametrize("shift", [False, True])
+def test_a_bad_row_or_target_is_named_in_its_shard(tmp_path, capsys, chunk_mb, shift):
+    """score and compare name a NaN or an out-of-range target at its position
+    in the shard and name the shard, whatever chunk of rows the library
+    was handed (it named the row in the chunk: row 0 of a 3-row chunk)."""
+    from helpers import main_error
+
+    rng = np.random.default_rng(13)
+    for sub in ("L", "T", "R"):
+        (tmp_path / sub).mkdir()
+    for i in range(3):
+        z = rng.normal(size=(4, 8, 16)).astype(np.float32)
+        np.save(tmp_path / "L" / f"l{i}.npy", z)
+        np.save(tmp_path / "R" / f"r{i}.npy", z)
+        np.save(tmp_path / "T" / f"t{i}.npy", rng.integers(0, 16, size=(4, 8)))
+    opts = (["--shift"] if shift else ["--no-shift"]) + ([] if chunk_mb is None else ["--chunk-mb", chunk_mb])
+    z = np.load(tmp_path / "L" / "l2.npy")
+    z[3, 6, 2] = np.nan
+    np.save(tmp_path / "L" / "l2.npy", z)
+    shard = "shard 3 of 3 ("
+    for cmd in (["score"], ["compare", "--reference", tmp_path / "R"]):
+        err = main_error(capsys, cmd[0], tmp_path / "L", tmp_path / "T", *cmd[1:], *opts)
+        assert shard in err and "NaN in logits at row 30 (position (3, 6))" in err, err
+    z[3, 6, 2] = 0.5
+    np.save(tmp_path / "L" / "l2.npy", z)
+    t = np.load(tmp_path / "T" / "t1.npy")
+    t[3, 6] = 99
+    np.save(tmp_path / "T" / "t1.npy", t)
+    for cmd in (["score"], ["compare", "--reference", tmp_path / "R"]):
+        err = main_error(capsys, cmd[0], tmp_path / "L", tmp_path / "T", *cmd[1:], *opts)
+        assert "shard 2 of 3 (" in err and "target 99 at position (3, 6) is out of range" in err, err

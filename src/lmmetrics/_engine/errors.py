@@ -43,7 +43,8 @@ class TargetError(ValueError):
     """A counted target outside [0, n_cols): a ValueError whose message names
     the target's position in the targets; ``value``, ``row`` (flattened, in
     the pass), ``n_cols`` and ``lead_shape`` say which, so that a pass over
-    aligned views (``shift=True``) can name the position in the input."""
+    aligned views (``shift=True``) can name the position in the input
+    (``shift``: 1 where the message names it so, one position on)."""
 
     def __init__(self, value: int, row: int, n_cols: int, lead_shape: Sequence[int], shift: int = 0) -> None:
         pos = position(row, lead_shape)
@@ -51,6 +52,7 @@ class TargetError(ValueError):
             pos = pos[:-1] + (pos[-1] + shift,)
         super().__init__(f"target {int(value)} at position {pos} is out of range for a vocabulary of {n_cols}")
         self.value, self.row, self.n_cols, self.lead_shape = int(value), row, n_cols, tuple(lead_shape)
+        self.shift = shift
 
     def unshifted(self) -> TargetError:
         """The same error named at the target's position in the unshifted

@@ -3,17 +3,19 @@ and checked, cut into chunks of rows, and the JSON output."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from .._engine.errors import RowError, TargetError, row_error
 from .errors import InputError
 from .files import FORMATS, dtype_name, load_array, load_named, named_array
 
@@ -239,7 +241,7 @@ def _opened(shards: List[Tuple[str, ...]], load: Callable[[Tuple[str, ...], Opti
         except InputError as e:
             if n == 1:
                 raise
-            raise InputError(f"shard {i + 1} of {n} ({', '.join(shards[i])}): {e}") from None
+            raise InputError(f"{_shard_name(shards, i)}{e}") from None
 
     first = one(0, None)
     vocab = int(first[0].shape[-1])
@@ -251,6 +253,29 @@ def _opened(shards: List[Tuple[str, ...]], load: Callable[[Tuple[str, ...], Opti
     yield first
     for i in range(1, n):
         yield one(i, vocab)
+
+
+def _shard_name(shards: List[Tuple[str, ...]], i: int) -> str:
+    """How an error names shard i: "" when it is the only one."""
+    return "" if len(shards) == 1 else f"shard {i + 1} of {len(shards)} ({', '.join(shards[i])}): "
+
+
+#: a piece's map from a row of its pass (flattened) to the shard's flat
+#: position, for the logits (False) or the targets (True)
+_At = Callable[[int, bool], int]
+
+
+@contextlib.contextmanager
+def _named(where: str, lead: Tuple[int, ...], at: _At) -> Iterator[None]:
+    """A piece's pass: a bad row or target is named at its position in the
+    shard (leading shape ``lead``; ``at``, `_pieces`), after ``where``
+    (`_shard_name`), not at its row in the piece."""
+    try:
+        yield
+    except RowError as e:
+        raise InputError(f"{where}{row_error(e.status, at(e.row, False), lead)}") from None
+    except TargetError as e:  # (shift: the pass read the targets one position on)
+        raise InputError(f"{where}{TargetError(e.value, at(e.row, bool(e.shift)), e.n_cols, lead)}") from None
 
 
 def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Namespace
@@ -286,9 +311,11 @@ def _json(d: Dict[str, Any]) -> str:
 
 
 def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
-            args: argparse.Namespace) -> Iterable[Tuple[Any, Any, npt.NDArray[np.integer[Any]]]]:
-    """(logits, reference, targets) chunks of about --chunk-mb of logits
-    (``buffers`` logits arrays read together), views of the inputs.
+            args: argparse.Namespace) -> Iterable[Tuple[Any, Any, npt.NDArray[np.integer[Any]], _At]]:
+    """(logits, reference, targets, at) chunks of about --chunk-mb of logits
+    (``buffers`` logits arrays read together), views of the inputs; ``at``
+    maps a row of the piece's pass to its flat position in the shard
+    (`_named`).
 
     Without --shift the logits are rows (N, V) and the targets (N,). With
     --shift the sequence axis (the second-to-last) is kept: whole sequences
@@ -302,7 +329,10 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
         r = None if ref is None else ref.reshape(-1, vocab)
         tf = t.reshape(-1)
         for a, b in _chunks(z.shape[0], vocab, itemsize, args):
-            yield z[a:b], None if r is None else r[a:b], tf[a:b]
+            def rows(row: int, target: bool, a: int = a) -> int:
+                return a + row
+
+            yield z[a:b], None if r is None else r[a:b], tf[a:b], rows
         return
     if len(raw.shape) < 2:
         raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
@@ -322,7 +352,11 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
         pieces = [(s0, s0 + 1, a, min(steps, a + step + 1))
                   for s0 in range(seqs) for a in range(0, steps - 1, step)]
     for s0, s1, a, e in _progress(pieces, args):
-        yield (z3[s0:s1, a:e], None if r3 is None else r3[s0:s1, a:e], t2[s0:s1, a:e])
+        def at(row: int, target: bool, s0: int = s0, a: int = a, e: int = e) -> int:
+            s, p = divmod(row, max(1, e - a - 1))  # (the pass scores e - a - 1 positions a sequence)
+            return (s0 + s) * steps + a + p + int(target)
+
+        yield (z3[s0:s1, a:e], None if r3 is None else r3[s0:s1, a:e], t2[s0:s1, a:e], at)
 
 
 def _itemsize(x: Any) -> int:

@@ -12,7 +12,7 @@ import numpy.typing as npt
 from .._engine.inputs import as_table
 from ..comparison import comparison_from_tokens, token_values
 from ..convert import bits_per_unit
-from .common import _json, _load_shard, _opened, _pieces, _shards
+from .common import _json, _load_shard, _named, _opened, _pieces, _shard_name, _shards
 from .errors import InputError
 from .files import load_array
 
@@ -39,9 +39,11 @@ def _compare(args: argparse.Namespace) -> int:
     for i, (raw, ref, t) in enumerate(_opened(shards, load)):
         if i == 0 and args.token_bytes:
             table = as_table(load_array(args.token_bytes, "token_bytes"), int(raw.shape[-1]), "token_bytes")
-        for zc, rc, tc in _pieces(raw, ref, t, 2, args):
-            parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
-                                      softcap=args.softcap, num_threads=args.threads, top_k=args.top_k))
+        lead = tuple(int(n) for n in raw.shape[:-1])
+        for zc, rc, tc, at in _pieces(raw, ref, t, 2, args):
+            with _named(_shard_name(shards, i), lead, at):
+                parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
+                                          softcap=args.softcap, num_threads=args.threads, top_k=args.top_k))
             if table is not None:
                 ids = np.asarray(tc)[..., 1:] if args.shift else np.asarray(tc)
                 ids = ids.reshape(-1)

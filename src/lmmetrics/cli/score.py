@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from ..evaluation import Evaluator
 from ..ranking import Calibration, calibration_of
-from .common import _json, _load_shard, _opened, _pieces, _shards
+from .common import _json, _load_shard, _named, _opened, _pieces, _shard_name, _shards
 from .export import TokenWriter
 from .export import check_path as check_token_path
 from .files import load_array
@@ -36,8 +36,10 @@ def _score(args: argparse.Namespace) -> int:
             if i == 0:
                 ev.check_vocab(int(raw.shape[-1]))  # a vocab / token_bytes mismatch fails before any work
             out.shard(raw.shape, t)
-            for zc, rc, tc in _pieces(raw, ref, t, 1 if ref is None else 2, args):
-                out.rows(ev._update_rows(zc, tc, reference_logits=rc, **out.wanted))
+            lead = tuple(int(n) for n in raw.shape[:-1])
+            for zc, rc, tc, at in _pieces(raw, ref, t, 1 if ref is None else 2, args):
+                with _named(_shard_name(shards, i), lead, at):
+                    out.rows(ev._update_rows(zc, tc, reference_logits=rc, **out.wanted))
         m = ev.compute()
         out.close(m)
     except BaseException:
