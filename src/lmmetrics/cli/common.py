@@ -329,10 +329,10 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
         r = None if ref is None else ref.reshape(-1, vocab)
         tf = t.reshape(-1)
         for a, b in _chunks(z.shape[0], vocab, itemsize, args):
-            def rows(row: int, target: bool, a: int = a) -> int:
+            def after(row: int, target: bool, a: int = a) -> int:
                 return a + row
 
-            yield z[a:b], None if r is None else r[a:b], tf[a:b], rows
+            yield z[a:b], None if r is None else r[a:b], tf[a:b], after
         return
     if len(raw.shape) < 2:
         raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
