@@ -133,6 +133,23 @@ def test_bad_outputs_are_one_line_errors_and_leave_no_file(data, tmp_path, capsy
     assert os.listdir(tmp_path) == ["bad.npy"]  # no partial file, no temporary folder
 
 
+def test_an_output_that_is_an_input_is_refused(data, tmp_path, capsys):
+    """--per-token naming an input file (the dump itself, by another path
+    too, or the token_bytes table) is refused before any work, the input
+    untouched (it was replaced by the per-token table)."""
+    d, z, r, t = data
+    dump = tmp_path / "dump.npz"
+    np.savez(dump, logits=z, targets=t)
+    np.savez(tmp_path / "tb.npz", token_bytes=np.ones(z.shape[-1], np.int64))
+    before = dump.read_bytes()
+    for out in (dump, tmp_path / "." / "dump.npz", tmp_path / "tb.npz"):
+        err = main_error(capsys, "score", dump, dump, "--token-bytes", tmp_path / "tb.npz", "--per-token", out)
+        assert "is one of the input files" in err, err
+    os.symlink(dump, tmp_path / "link.npz")
+    assert "is one of the input files" in main_error(capsys, "score", dump, dump, "--per-token", tmp_path / "link.npz")
+    assert dump.read_bytes() == before
+
+
 @pytest.mark.parametrize("module,option,name", [("pyarrow", "--per-token", "x.parquet"),
                                                 ("matplotlib", "--plot", "x.png")])
 def test_missing_optional_package_is_named(data, tmp_path, module, option, name):

@@ -23,10 +23,12 @@ from .errors import InputError
 FORMATS = (".npz", ".parquet")
 
 
-def check_output(option: str, path: str, suffixes: Sequence[str], package: Optional[str] = None) -> str:
+def check_output(option: str, path: str, suffixes: Sequence[str], package: Optional[str] = None,
+                 inputs: Sequence[str] = ()) -> str:
     """The suffix of an output file ``path`` given to ``option``;
     InputError for another suffix, a ``package`` that does not import, a
-    folder that cannot be written, or a directory."""
+    folder that cannot be written, a directory, or one of the ``inputs``
+    (it would be replaced)."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in suffixes:
         raise InputError(f"{option} {path}: the file must end in {' or '.join(suffixes)}")
@@ -40,13 +42,15 @@ def check_output(option: str, path: str, suffixes: Sequence[str], package: Optio
         raise InputError(f"{option} {path}: cannot write into {folder}")
     if os.path.isdir(path):
         raise InputError(f"{option} {path}: is a directory")
+    if os.path.exists(path) and any(os.path.exists(p) and os.path.samefile(path, p) for p in inputs):
+        raise InputError(f"{option} {path}: is one of the input files, which the output would replace")
     return suffix
 
 
-def check_path(path: str) -> str:
+def check_path(path: str, inputs: Sequence[str] = ()) -> str:
     """The format of a --per-token file by its suffix (see `check_output`)."""
     parquet = os.path.splitext(path)[1].lower() == ".parquet"
-    return check_output("--per-token", path, FORMATS, "pyarrow" if parquet else None)
+    return check_output("--per-token", path, FORMATS, "pyarrow" if parquet else None, inputs)
 
 
 class TokenWriter:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -19,10 +19,10 @@ SIZE = (1200, 450)
 _DPI = 100
 
 
-def check_path(path: str) -> None:
-    """InputError unless ``path`` ends in .png, matplotlib imports and its
-    folder can be written."""
-    check_output("--plot", path, (".png",), "matplotlib")
+def check_path(path: str, inputs: Sequence[str] = ()) -> None:
+    """InputError unless ``path`` ends in .png, matplotlib imports, its
+    folder can be written and it is none of the ``inputs``."""
+    check_output("--plot", path, (".png",), "matplotlib", inputs)
 
 
 def plot(path: str, position_nll: npt.NDArray[np.float64], position_count: npt.NDArray[np.float64],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,8 @@ def _score(args: argparse.Namespace) -> int:
     tb = load_array(args.token_bytes, "token_bytes") if args.token_bytes else None
     ev = Evaluator(token_bytes=tb, ignore_index=args.ignore_index, softcap=args.softcap,
                    shift=args.shift, num_threads=args.threads)
-    out = _TokenOutputs(args)  # --per-token, --plot
+    inputs = [p for shard in shards for p in shard] + ([args.token_bytes] if args.token_bytes else [])
+    out = _TokenOutputs(args, inputs)  # --per-token, --plot
 
     def load(paths: Tuple[str, ...], vocab: Optional[int]) -> Tuple[Any, Any, npt.NDArray[np.integer[Any]]]:
         return _load_shard(paths, vocab, args)
@@ -53,7 +54,7 @@ class _TokenOutputs:
     """score's per-token outputs: --per-token (a file of per-position values,
     written chunk by chunk) and --plot (per-position mean NLL, calibration)."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, inputs: Sequence[str] = ()) -> None:
         from .._engine.checks import check_ignore_index
 
         self.args = args
@@ -65,10 +66,10 @@ class _TokenOutputs:
                         ("rank", np.int64), ("entropy", np.float64)] + \
             ([("kl", np.float64)] if args.reference is not None else [])
         if args.per_token:
-            check_token_path(args.per_token)
+            check_token_path(args.per_token, inputs)
             self.wanted["rank"] = True
         if args.plot:
-            check_plot_path(args.plot)
+            check_plot_path(args.plot, inputs)
             self.wanted["top_logprob"] = True
         self.pos_nll = np.zeros(0)
         self.pos_count = np.zeros(0)
