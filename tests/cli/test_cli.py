@@ -239,6 +239,27 @@ def test_bench_lazy_times_and_measures_memory():
         _assert_one_line_exit_2(run("bench", "--lazy", *extra, ok=False), says)
 
 
+def test_bench_lazy_says_when_a_run_fails_or_dies(monkeypatch):
+    """A variant's process that raises (4 TB of logits) or dies without a
+    result (killed for memory) is a one-line error, exit 2: the parent
+    waited for its result forever."""
+    pytest.importorskip("torch")
+    res = subprocess.run([sys.executable, "-m", "lmmetrics", "bench", "--lazy", "--tokens", "1000000", "--vocab",
+                          "1000000", "--hidden", "1", "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    _assert_one_line_exit_2(res, "the matmul run failed at 1000000 x 1000000")
+    import multiprocessing as mp
+    import os
+
+    from lmmetrics.cli.bench import lazy
+    from lmmetrics.cli.errors import InputError
+
+    fork = mp.get_context("fork")
+    monkeypatch.setattr(lazy.mp, "get_context", lambda _: fork)
+    monkeypatch.setattr(lazy, "_variant", lambda *a: os._exit(9))   # (in the forked child)
+    with pytest.raises(InputError, match=r"the lazy run ended without a result \(exit code 9; killed for memory"):
+        lazy.run_variant("lazy", 64, 8, 100, "float32", 1)
+
+
 def test_bench_lazy_on_a_device(monkeypatch):
     """bench --lazy --device cuda's steps (in one process, warmed up, timed
     to the device's end), here on CPU tensors routed through the CUDA path:

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import queue
 import resource
 import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
+
+from ..errors import InputError
 
 VARIANTS = ("matmul", "materialized", "lazy", "lazy-nll")
 
@@ -102,28 +105,48 @@ def _step(name: str, h: Any, w: Any, t: Any, threads: Optional[int]) -> Callable
 
 
 def _variant(name: str, tokens: int, hidden: int, vocab: int, dtype: str, threads: int,
-             queue: Any) -> None:
-    import torch
+             results: Any) -> None:
+    """One variant, in its own process: puts (seconds, peak extra bytes,
+    value), or the message of what it raised."""
+    try:
+        import torch
 
-    torch.set_num_threads(threads)
-    h, w, t = _inputs(tokens, hidden, vocab, dtype)
-    fn = _step(name, h, w, t, threads)
-    _reset_peak()
-    base = _rss_bytes("VmRSS")
-    t0 = time.perf_counter()
-    value = fn()
-    seconds = time.perf_counter() - t0
-    queue.put((seconds, max(0, _rss_bytes("VmHWM") - base), value))
+        torch.set_num_threads(threads)
+        h, w, t = _inputs(tokens, hidden, vocab, dtype)
+        fn = _step(name, h, w, t, threads)
+        _reset_peak()
+        base = _rss_bytes("VmRSS")
+        t0 = time.perf_counter()
+        value = fn()
+        seconds = time.perf_counter() - t0
+        results.put((seconds, max(0, _rss_bytes("VmHWM") - base), value))
+    except Exception as e:  # (the parent says so: it would otherwise wait for a result forever)
+        results.put(f"{type(e).__name__}: {' '.join(str(e).split())}")
 
 
 def run_variant(name: str, tokens: int, hidden: int, vocab: int, dtype: str, threads: int) -> Tuple[float, int, float]:
-    """(seconds, peak extra bytes, value) of one variant, in its own process."""
+    """(seconds, peak extra bytes, value) of one variant, in its own process;
+    InputError when it fails or dies (out of memory: killed) without one."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_variant, args=(name, tokens, hidden, vocab, dtype, threads, q))
     p.start()
-    out: Tuple[float, int, float] = q.get()
+    got: Any = None
+    while got is None:
+        try:
+            got = q.get(timeout=0.5)
+        except queue.Empty:
+            if not p.is_alive():  # (its last put reaches the queue before it exits)
+                try:
+                    got = q.get(timeout=1.0)
+                except queue.Empty:
+                    p.join()
+                    raise InputError(f"bench --lazy: the {name} run ended without a result (exit code "
+                                     f"{p.exitcode}; killed for memory?) at {tokens} x {vocab}") from None
     p.join()
+    if isinstance(got, str):
+        raise InputError(f"bench --lazy: the {name} run failed at {tokens} x {vocab} (hidden {hidden}): {got}")
+    out: Tuple[float, int, float] = got
     return out
 
 
