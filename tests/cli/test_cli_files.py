@@ -706,3 +706,29 @@ def test_a_bad_row_or_target_is_named_in_its_shard(tmp_path, capsys, chunk_mb, s
     for cmd in (["score"], ["compare", "--reference", tmp_path / "R"]):
         err = main_error(capsys, cmd[0], tmp_path / "L", tmp_path / "T", *cmd[1:], *opts)
         assert "shard 2 of 3 (" in err and "target 99 at position (3, 6) is out of range" in err, err
+
+
+def test_several_arrays_each_role_says_how_to_pick_one(tmp_path, capsys):
+    """A file of several arrays names the way to pick the one a role takes:
+    --key, --targets-key, --reference-key; token_bytes has no option, so its
+    message says to name the array token_bytes (which then is taken)."""
+    from helpers import main_error
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(4, 8)).astype(np.float32)
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "t.npy", rng.integers(0, 8, 4))
+    np.savez(tmp_path / "zz.npz", a=z, b=z)
+    np.savez(tmp_path / "tt.npz", a=np.zeros(4, np.int64), b=np.zeros(4, np.int64))
+    np.savez(tmp_path / "tb.npz", bytes=np.ones(8, np.int64), ids=np.arange(8))
+    assert "with --key" in main_error(capsys, "score", tmp_path / "zz.npz", tmp_path / "t.npy")
+    assert "with --targets-key" in main_error(capsys, "score", tmp_path / "z.npy", tmp_path / "tt.npz")
+    assert "with --reference-key" in main_error(capsys, "score", tmp_path / "z.npy", tmp_path / "t.npy",
+                                                "--reference", tmp_path / "zz.npz")
+    err = main_error(capsys, "score", tmp_path / "z.npy", tmp_path / "t.npy", "--token-bytes", tmp_path / "tb.npz")
+    assert "call the token_bytes one 'token_bytes' in the file" in err and "--key" not in err, err
+    np.savez(tmp_path / "tb.npz", token_bytes=np.ones(8, np.int64), ids=np.arange(8))
+    from lmmetrics.cli import main
+
+    assert main(["score", str(tmp_path / "z.npy"), str(tmp_path / "t.npy"), "--token-bytes",
+                 str(tmp_path / "tb.npz"), "--json"]) == 0

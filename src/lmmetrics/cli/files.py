@@ -33,7 +33,7 @@ FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 # model's or a reference's) are otherwise the file's only float array.
 _ALIASES = {"targets": ("targets", "labels"), "reference logits": ("logits",)}
 _LOGITS_ROLES = ("logits", "reference logits")
-_KEY_FLAGS = {"targets": "--targets-key", "reference logits": "--reference-key"}
+_KEY_FLAGS = {"logits": "--key", "targets": "--targets-key", "reference logits": "--reference-key"}
 
 
 def dtype_name(x: Any) -> str:
@@ -448,5 +448,6 @@ def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[
         floats = [k for k, a in arrays.items() if "float" in dtype_name(a)]
         if len(floats) == 1:
             return floats[0], arrays[floats[0]]
-    flag = _KEY_FLAGS.get(role, "--key")
-    raise FileError(f"{path} holds several arrays {names}: name the {role} one with {flag}")
+    flag = _KEY_FLAGS.get(role)
+    how = f"name the {role} one with {flag}" if flag else f"call the {role} one {role!r} in the file, or save it alone"
+    raise FileError(f"{path} holds several arrays {names}: {how}")
