@@ -122,6 +122,10 @@ def test_bad_outputs_are_one_line_errors_and_leave_no_file(data, tmp_path, capsy
     assert "end in .npz or .parquet" in main_error(capsys, *base, "--per-token", tmp_path / "x.csv")
     assert "cannot write into" in main_error(capsys, *base, "--per-token", tmp_path / "no" / "x.npz")
     assert "end in .png" in main_error(capsys, *base, "--plot", tmp_path / "x.jpg")
+    # a name too long for the folder: said before the run (os.replace said it at the end, naming its temporary)
+    for option, suffix in (("--per-token", ".npz"), ("--plot", ".png")):
+        err = main_error(capsys, *base, option, tmp_path / ("L" * 300 + suffix))
+        assert "the file name is longer than" in err and ".lmmetrics-" not in err, err
     assert "--bins" in main_error(capsys, *base, "--plot", tmp_path / "x.png", "--bins", "0")
     # an error in the middle of the run (NaN in the last shard's logits): nothing at the destination
     bad = z.copy()

@@ -40,6 +40,12 @@ def check_output(option: str, path: str, suffixes: Sequence[str], package: Optio
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise InputError(f"{option} {path}: cannot write into {folder}")
+    try:  # (the file is made at the end of the run: a name too long would fail only then)
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # (no pathconf: Windows)
+        longest = None
+    if longest is not None and len(os.fsencode(os.path.basename(path))) > longest:
+        raise InputError(f"{option} {path}: the file name is longer than {longest} bytes, the most {folder} takes")
     if os.path.isdir(path):
         raise InputError(f"{option} {path}: is a directory")
     if os.path.exists(path) and any(os.path.exists(p) and os.path.samefile(path, p) for p in inputs):
