@@ -174,13 +174,15 @@ def test_shift_needs_a_sequence_axis(tmp_path):
     ("dtype", "must hold float logits"),
     ("target_dtype", "must hold integers"),
     ("token_bytes", "token_bytes must be a 1-D table of length 700"),
-    ("ref_rows", "rows"),
+    ("ref_rows", "must have the logits' shape"),
+    ("ref_layout", "must have the logits' shape"),   # the same rows in another layout: refused, not paired
     ("key", "several arrays"),
 ])
 def test_errors_are_one_line_and_exit_2(files, case, needle):
     d, z, r, t, tb = files
     (d / "x.csv").write_text("1,2\n")
     np.save(d / "short_ref.npy", r[:2])
+    np.save(d / "swapped_ref.npy", np.swapaxes(r, 0, 1))  # (3, 40, V) as (40, 3, V)
     np.save(d / "zf.npy", z.astype(np.float64)[..., 0])
     args = {
         "missing": ("score", d / "nope.npy", d / "t.npy"),
@@ -190,6 +192,7 @@ def test_errors_are_one_line_and_exit_2(files, case, needle):
         "target_dtype": ("score", d / "z.npy", d / "zf.npy"),
         "token_bytes": ("score", d / "z.npy", d / "t.npy", "--token-bytes", d / "t.npy"),
         "ref_rows": ("compare", d / "z.npy", d / "t.npy", "--reference", d / "short_ref.npy"),
+        "ref_layout": ("score", d / "z.npy", d / "t.npy", "--reference", d / "swapped_ref.npy"),
         "key": ("score", d / "two.safetensors", d / "t.npy"),
     }[case]
     res = run(*args, ok=False)

@@ -289,12 +289,10 @@ def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Nam
     if len(paths) > 2:
         rpath = paths[2]
         ref = load_array(rpath, "reference logits", args.reference_key)
-        r = _rows(ref, rpath, z.shape[1])
-        if r.shape[0] != z.shape[0]:
-            raise InputError(f"{rpath} has {r.shape[0]} rows, {lpath} has {z.shape[0]}")
-        if args.shift and tuple(ref.shape) != tuple(raw.shape):
-            raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} "
-                             f"{tuple(raw.shape)} (--shift needs the same shape)")
+        _rows(ref, rpath, z.shape[1])
+        if tuple(ref.shape) != tuple(raw.shape):  # (rows of other layouts would pair up unseen)
+            raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} {tuple(raw.shape)}: the reference "
+                             f"logits must have the logits' shape")
     return raw, ref, _load_targets(tpath, lpath, raw, args)
 
 
