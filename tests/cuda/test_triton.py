@@ -738,7 +738,8 @@ def group_targets_stay_on_the_device():
             bad = ids.clone()
             bad[2, 6] = 700
             events.clear()
-            with pytest.raises(ValueError, match=r"target 700 at position \(2, 5\) is out of range"):
+            # (named where it is in the ids given: the pass read ids[:, 1:])
+            with pytest.raises(ValueError, match=r"target 700 at position \(2, 6\) is out of range"):
                 _engine.run(z, bad, shift=True, nll=True)
             assert events[:4] == ["tiles", "merge", "cpu", "numpy"], events
             # host targets: checked on the host for their dtype and shape, uploaded once
