@@ -56,6 +56,7 @@ class _EvaluatorMetric(Metric):
         """
         super().__init__(**kwargs)
         self.ignore_index = ignore_index
+        self._held: Dict[str, Any] = {}  # the states' values (`_state`)
         self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift,
                                     softcap=softcap, num_threads=num_threads, nll_only=self._nll_only)
         for k in self._evaluator.state_dict():
@@ -113,8 +114,8 @@ class _EvaluatorMetric(Metric):
                 error = e
         state = ev._state_now()
         ev._clear_sums()
-        for k, v in state.items():
-            setattr(self, k, getattr(self, k) + v)
+        for k, v in state.items():  # (past `_state`'s read, which would wait for a batch left to wait)
+            self._held[k] = self._held[k] + v
         if error is not None:
             raise error
 
@@ -143,9 +144,10 @@ class _EvaluatorMetric(Metric):
         return super().state_dict(*args, **kwargs)
 
     def reset(self) -> None:
-        """Start over (a batch not yet added included)."""
-        super().reset()
+        """Start over (a batch not yet added included: dropped first, not
+        waited for)."""
         self._evaluator.reset()
+        super().reset()
 
     def _synced(self) -> Evaluator:
         """An Evaluator holding the current (synced) states (a copy: the
@@ -161,6 +163,28 @@ class _EvaluatorMetric(Metric):
 
     def _value(self, v: float) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.float64, device=self.device)
+
+
+def _state(name: str) -> property:
+    """A state of an `_EvaluatorMetric` as torchmetrics reads it: with every
+    batch in it. Reading it first adds the batch whose pass on a device was
+    not waited for: a MetricCollection's compute group shares its first
+    member's states with the others by reading them (after each update and
+    before computing), and they would miss that batch."""
+    def get(self: _EvaluatorMetric) -> Any:
+        ev = self.__dict__.get("_evaluator")
+        if ev is not None and ev._pending is not None:
+            self._fold()
+        return self._held[name]
+
+    def put(self: _EvaluatorMetric, value: Any) -> None:
+        self._held[name] = value
+
+    return property(get, put, doc=f"the float64 sum {name!r} (a torchmetrics state)")
+
+
+for _name in Evaluator().state_dict():
+    setattr(_EvaluatorMetric, _name, _state(_name))
 
 
 class LanguageModelMetrics(_EvaluatorMetric):

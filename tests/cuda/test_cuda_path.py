@@ -810,6 +810,28 @@ def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, mo
         ignored.update(z.cpu().numpy(), t.cpu().numpy())
     assert float(values["p"]) == pytest.approx(want.perplexity, rel=1e-6)
     assert float(values["p_ig"]) == pytest.approx(ignored.compute().perplexity, rel=1e-6)
+    # a compute group (metrics whose states agree after the first update share its first member's): every
+    # member sees the last batch, which that member's update left to wait (they missed it)
+    group = MetricCollection({"a": Perplexity(), "b": Perplexity(ignore_index=-100),
+                              "x": LanguageModelMetrics(prefix="x/"), "y": LanguageModelMetrics(prefix="y/")})
+    for z, _, t in batches:
+        group.update(z, t)
+    assert sorted(map(sorted, group.compute_groups.values())) == [["a", "b"], ["x", "y"]]  # (the case)
+    with reads as events:
+        group.update(*batches[0][::2])   # (a group's update waits for its batch: its states are shared at once)
+        assert events.count("numpy") >= 2, events
+    group.update(*batches[1][::2])
+    single = group.clone()
+    values = group.compute()
+    twice = lmmetrics.Evaluator(ignore_index=None)
+    for z, _, t in batches + batches[:2]:
+        twice.update(z.cpu().numpy(), t.cpu().numpy())
+    twice = twice.compute()
+    for key in ("a", "b"):
+        assert float(values[key]) == pytest.approx(twice.perplexity, rel=1e-6), key
+        assert float(single[key].compute()) == pytest.approx(twice.perplexity, rel=1e-6), key
+    for key in ("x/", "y/"):
+        assert float(values[key + "tokens"]) == twice.tokens, key
     # an error at compute; the other batches stay
     metric.reset()
     z, _, t = (x.clone() for x in batches[1])
