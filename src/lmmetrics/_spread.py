@@ -61,5 +61,5 @@ def clustered_stderr(sums: F64Array, counts: F64Array) -> float:
 
 
 def interval(center: float, stderr: float) -> Tuple[float, float]:
-    """The 95% normal interval ``center -/+ 1.96 stderr``."""
+    """The 95% normal interval ``center -/+ Z95 stderr`` (Z95 = 1.959964...)."""
     return center - Z95 * stderr, center + Z95 * stderr

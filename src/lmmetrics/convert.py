@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._engine.checks import check_positive_int
-from ._engine.types import FloatArray
+from ._engine.types import F64Array, FloatArray
 
 LN2 = math.log(2.0)
 
@@ -173,16 +173,28 @@ def perplexity_from_bpc(bpc: float, num_tokens: int, num_chars: int) -> float:
                / check_positive_int("num_tokens", num_tokens))
 
 
+def whole_counts(name: str, counts: Any) -> F64Array:
+    """counts (words, bytes, one per document) as float64, or ValueError
+    naming ``name`` for what is not a number, bool, negative, infinite, NaN
+    or fractional."""
+    c = np.asarray(counts)
+    if c.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be whole counts (integers >= 0), got dtype {c.dtype}")
+    c = c.astype(np.float64)
+    if not (np.isfinite(c) & (c >= 0) & (c == np.floor(c))).all():
+        bad = c[~(np.isfinite(c) & (c >= 0) & (c == np.floor(c)))].flat[0]
+        raise ValueError(f"{name} must be whole counts (integers >= 0), got {float(bad)!r}")
+    return c
+
+
 def _counts(name: str, counts: Optional[Sequence[int]], n: int) -> Optional[float]:
     if counts is None:
         return None
-    c = np.asarray(counts, dtype=np.float64)
+    c = whole_counts(name, counts)
     if c.ndim == 0:
         c = c.reshape(1) if n == 1 else c
     if c.shape != (n,):
         raise ValueError(f"{name} must have one count per log-likelihood ({n}), got shape {c.shape}")
-    if (c < 0).any():
-        raise ValueError(f"{name} must not be negative")
     return float(c.sum())
 
 
@@ -206,12 +218,15 @@ def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[
     dict
         ``word_perplexity = exp(-sum LL / sum words)``, ``byte_perplexity =
         exp(-sum LL / sum bytes)`` and ``bits_per_byte = -sum LL / (sum bytes
-        * ln 2)``; a value is None when its counts were not given.
+        * ln 2)``; a value is None when its counts were not given, inf when
+        they sum to 0 (as bits per byte with no byte counted).
 
     Raises
     ------
     ValueError
-        Counts that are not one per log-likelihood, or negative.
+        A log-likelihood that is NaN or above 0 (negated NLLs are
+        log-likelihoods), counts that are not one per log-likelihood, or not
+        whole numbers >= 0.
 
     Examples
     --------
@@ -223,6 +238,9 @@ def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[
     ll = np.asarray(loglikelihoods, dtype=np.float64).reshape(-1)
     if np.isnan(ll).any():
         raise ValueError("loglikelihoods contain NaN")
+    if (ll > 0).any():  # (a sign slip would give a perplexity below 1)
+        raise ValueError(f"loglikelihoods must be <= 0 (log-probabilities), got {float(ll[ll > 0][0])!r}; "
+                         f"for NLLs pass their negatives")
     total = float(ll.sum())
     n_words = _counts("words", words, ll.size)
     n_bytes = _counts("bytes", bytes, ll.size)

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 import numpy as np
 
 from ._engine.types import F64Array, I64Array
-from .convert import LN2
+from .convert import LN2, bits_per_unit, exp, whole_counts
 
 #: the per-document sums, one column each (counts are exact in float64 below 2^53)
 COLUMNS = ("tokens", "nll_sum", "bytes", "nll_sum_bytes", "correct", "entropy_sum", "kl_tokens", "kl_sum")
@@ -186,17 +186,22 @@ class Documents:
         -------
         float
         """
-        return math.exp(float(np.sum(self.nll_sum)) / self._weights(words, "words"))
+        return self._per(self._weights(words, "words"))
 
     def byte_perplexity(self) -> float:
         """lm-eval's ``byte_perplexity``: ``exp(-sum loglikelihood / sum bytes)``
         (with ``token_bytes``)."""
-        return math.exp(float(np.sum(self.nll_sum)) / self._weights(self._bytes(), "bytes"))
+        return self._per(self._weights(self._bytes(), "bytes"))
 
     def corpus_bits_per_byte(self) -> float:
         """lm-eval's ``bits_per_byte``: ``-sum loglikelihood / sum bytes / ln 2``
         (with ``token_bytes``)."""
-        return float(np.sum(self.nll_sum)) / self._weights(self._bytes(), "bytes") / LN2
+        return bits_per_unit(float(np.sum(self.nll_sum)), self._weights(self._bytes(), "bytes"))
+
+    def _per(self, count: float) -> float:
+        """exp(sum NLL / count): inf past float's range, and for a count of 0
+        (`lmmetrics.convert.corpus_metrics` likewise)."""
+        return exp(float(np.sum(self.nll_sum)) / count) if count else math.inf
 
     def _bytes(self) -> I64Array:
         if self.bytes is None:
@@ -208,12 +213,8 @@ class Documents:
             missing = [int(d) for d in self.ids if int(d) not in w]
             if missing:
                 raise ValueError(f"{name} has no count for document(s) {missing[:5]}")
-            total = float(sum(w[int(d)] for d in self.ids))
-        else:
-            arr = np.asarray(w, dtype=np.float64).reshape(-1)
-            if arr.size != self.ids.size:
-                raise ValueError(f"{name} has {arr.size} counts for {self.ids.size} documents")
-            total = float(np.sum(arr))
-        if not total > 0:
-            raise ValueError(f"{name} must sum to a positive count, got {total}")
-        return total
+            return float(np.sum(whole_counts(name, [w[int(d)] for d in self.ids])))
+        arr = whole_counts(name, w).reshape(-1)
+        if arr.size != self.ids.size:
+            raise ValueError(f"{name} has {arr.size} counts for {self.ids.size} documents")
+        return float(np.sum(arr))

@@ -121,7 +121,8 @@ class Metrics:
         ``perplexity_interval``, or the delta method's ``perplexity *
         stderr["loss"]``.
     perplexity_interval : tuple of float or None
-        95% interval of the perplexity, ``exp(loss -/+ 1.96 stderr["loss"])``.
+        95% interval of the perplexity, ``exp(loss -/+ z stderr["loss"])``,
+        z = 1.959964 (the normal 97.5% quantile).
     documents : int or None
         With ``document_ids``: the documents with at least one counted token.
     macro_loss, macro_perplexity, macro_bits_per_token, macro_bits_per_byte, macro_accuracy, macro_entropy, macro_kl : float or None

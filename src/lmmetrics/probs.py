@@ -7,18 +7,27 @@ within ``atol``; otherwise ValueError. Results are in units of ``base``
 from __future__ import annotations
 
 import math
-from typing import Union
+from typing import Any, Union, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from ._engine.device import is_torch
 from ._engine.types import F64Array
 
 __all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
 
 
 def _dist(p: npt.ArrayLike, name: str, atol: float) -> F64Array:
-    a = np.asarray(p, dtype=np.float64)
+    if not (isinstance(atol, (int, float, np.integer, np.floating)) and not isinstance(atol, bool)
+            and 0 <= atol < math.inf):
+        raise ValueError(f"atol must be a finite number >= 0, got {atol!r}")
+    if is_torch(p):  # (any dtype, bfloat16 included, on any device)
+        p = cast(Any, p).detach().cpu().double().numpy()
+    raw = np.asarray(p)
+    if raw.dtype.kind not in "biuf":  # (complex: numpy would drop the imaginary part with a warning)
+        raise TypeError(f"{name} must hold real probabilities, got dtype {raw.dtype}")
+    a = raw.astype(np.float64)
     if a.ndim == 0 or a.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty last axis of probabilities")
     if np.isnan(a).any():
@@ -34,8 +43,8 @@ def _dist(p: npt.ArrayLike, name: str, atol: float) -> F64Array:
 
 def _log(base: float) -> float:
     b = float(base)
-    if not b > 0 or b == 1:
-        raise ValueError(f"base must be positive and not 1, got {base!r}")
+    if not 0 < b < math.inf or b == 1:
+        raise ValueError(f"base must be a finite positive number other than 1, got {base!r}")
     return math.log(b)
 
 

@@ -99,3 +99,46 @@ def test_probability_validation():
         probs.kl_divergence([0.5, 0.5], [0.2, 0.3, 0.5])
     with pytest.raises(ValueError, match="base"):
         probs.entropy([0.5, 0.5], base=1)
+
+
+def test_probability_inputs_refused_or_read_whole():
+    """atol and base that would switch a check off or give a silent 0 are
+    refused; complex input is refused (numpy dropped the imaginary part);
+    a bfloat16 tensor is read (numpy cannot view it)."""
+    for atol in (math.nan, -1e-3, math.inf, True, "1e-6"):
+        with pytest.raises(ValueError, match="atol"):
+            probs.entropy([0.3, 0.3], atol=atol)
+    for base in (math.inf, math.nan, 0, 1, -2):
+        with pytest.raises(ValueError, match="base"):
+            probs.entropy([0.5, 0.5], base=base)
+    with pytest.raises(TypeError, match="real probabilities"):
+        probs.entropy(np.array([0.5 + 0.1j, 0.5]))
+    torch = pytest.importorskip("torch")
+    assert probs.entropy(torch.tensor([0.25, 0.75]).bfloat16()) == pytest.approx(
+        -(0.25 * math.log2(0.25) + 0.75 * math.log2(0.75)))
+
+
+def test_corpus_counts_and_log_likelihoods_are_checked():
+    """Counts must be whole numbers >= 0 (a string, a bool, NaN, inf or a
+    fraction was read as a number); a log-likelihood above 0 (a negated
+    NLL forgotten) is refused, where it gave a perplexity below 1; a count
+    of 0 gives inf, from corpus_metrics and per-document sums alike, and a
+    perplexity beyond float's range is inf there too (it raised)."""
+    import lmmetrics
+
+    for words in (["2"], [True], [math.nan], [math.inf], [2.5], [-1]):
+        with pytest.raises(ValueError, match="words must be whole counts"):
+            convert.corpus_metrics([-3.0], words=words)
+    assert convert.corpus_metrics([-3.0], words=[np.int32(2)])["word_perplexity"] == pytest.approx(math.exp(1.5))
+    with pytest.raises(ValueError, match="must be <= 0.*negatives"):
+        convert.corpus_metrics([3.0], words=[2])
+    z = np.zeros((3, 4), np.float32)
+    z[:, 0] = 400.0                                   # each target's NLL 400: exp(1200) overflows
+    per = lmmetrics.evaluate(z, np.array([1, 1, 1]), document_ids=np.zeros(3, int)).per_document
+    ll = list(-per.nll_sum)
+    assert per.word_perplexity([1]) == convert.corpus_metrics(ll, words=[1])["word_perplexity"] == math.inf
+    assert per.word_perplexity([0]) == convert.corpus_metrics(ll, words=[0])["word_perplexity"] == math.inf
+    assert per.word_perplexity([4000]) == pytest.approx(math.exp(1200 / 4000), rel=1e-6)
+    for words in (["1"], [0.5], {0: math.nan}):
+        with pytest.raises(ValueError, match="words must be whole counts"):
+            per.word_perplexity(words)
