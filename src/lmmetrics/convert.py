@@ -141,8 +141,8 @@ def bpc_from_perplexity(ppl: float, num_tokens: int, num_chars: int) -> float:
     >>> round(convert.bpc_from_perplexity(16.0, 100, 400), 6)     # 4 bits a token, 4 characters a token
     1.0
     """
-    if not float(ppl) > 0:
-        raise ValueError(f"ppl must be positive, got {ppl!r}")
+    if not 1 <= float(ppl) < math.inf:  # (exp of a mean NLL >= 0)
+        raise ValueError(f"ppl must be a perplexity, a finite number >= 1, got {ppl!r}")
     return (check_positive_int("num_tokens", num_tokens) / check_positive_int("num_chars", num_chars)
             * math.log(ppl) / LN2)
 
@@ -169,6 +169,8 @@ def perplexity_from_bpc(bpc: float, num_tokens: int, num_chars: int) -> float:
     >>> round(convert.perplexity_from_bpc(1.0, 100, 400), 6)
     16.0
     """
+    if not 0 <= float(bpc) < math.inf:
+        raise ValueError(f"bpc must be a finite number >= 0, got {bpc!r}")
     return exp(float(bpc) * LN2 * check_positive_int("num_chars", num_chars)
                / check_positive_int("num_tokens", num_tokens))
 

@@ -19,8 +19,13 @@ def test_bpc_ppl_round_trip_and_errors():
     assert convert.perplexity_from_bpc(bpc, 100, 450) == pytest.approx(20.0)
     with pytest.raises(ValueError, match="num_chars"):
         convert.bpc_from_perplexity(20.0, 100, 0)
-    with pytest.raises(ValueError, match="ppl"):
-        convert.bpc_from_perplexity(-1.0, 100, 10)
+    for ppl in (-1.0, 0.5, math.nan, math.inf):   # (0.5: a negative BPC)
+        with pytest.raises(ValueError, match="ppl"):
+            convert.bpc_from_perplexity(ppl, 100, 10)
+    for bpc in (-0.1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="bpc"):
+            convert.perplexity_from_bpc(bpc, 100, 10)
+    assert convert.bpc_from_perplexity(1.0, 100, 10) == 0.0 and convert.perplexity_from_bpc(0.0, 100, 10) == 1.0
 
 
 def test_one_positive_integer_check():
