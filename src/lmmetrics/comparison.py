@@ -320,14 +320,19 @@ def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[floa
 
 def _quantile(s: F64Array, f: float) -> float:
     """The f-quantile of the sorted values s, interpolated linearly at
-    f (n - 1) (numpy's and llama.cpp's rule) as a + t (b - a): an infinite
-    neighbour gives inf for t > 0 and no weight at t = 0 (numpy's
-    interpolation gives NaN next to inf)."""
+    f (n - 1) (numpy's and llama.cpp's rule) between a = s[lo] and b, from
+    the nearer end as numpy does (the same bits); next to an infinite value,
+    that value for t > 0 and a at t = 0 (numpy's interpolation gives NaN
+    there: inf - inf)."""
     pos = f * (s.size - 1)
     lo = int(pos)
     t = pos - lo
     a, b = float(s[lo]), float(s[min(lo + 1, s.size - 1)])
-    return a if t == 0.0 or a == b else a + t * (b - a)
+    if t == 0.0 or a == b:
+        return a
+    if math.isinf(b) or math.isinf(a):
+        return b if math.isinf(b) else a
+    return a + (b - a) * t if t < 0.5 else b - (b - a) * (1.0 - t)
 
 
 def _distribution(x: F64Array, pcts: Sequence[float], mean: Estimate) -> Distribution:

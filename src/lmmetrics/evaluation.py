@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import operator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
@@ -1429,6 +1430,8 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     import torch
     import torch.distributed as dist
 
+    if not isinstance(steps, bool) and hasattr(steps, "__index__"):  # (a 0-d integer tensor or array)
+        steps = operator.index(steps)
     steps = check_positive_int("steps", steps)  # (range(-1) would read nothing and give inf)
     ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False,  # y is aligned with x
                    softcap=softcap)

@@ -19,11 +19,17 @@ __all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
 
 
 def _dist(p: npt.ArrayLike, name: str, atol: float) -> F64Array:
-    if not (isinstance(atol, (int, float, np.integer, np.floating)) and not isinstance(atol, bool)
-            and 0 <= atol < math.inf):
+    try:  # (a number, or a 0-d array or tensor; not a bool or a string)
+        tol = math.nan if isinstance(atol, (bool, str, bytes)) else float(atol)
+    except (TypeError, ValueError):
+        tol = math.nan
+    if not 0 <= tol < math.inf:
         raise ValueError(f"atol must be a finite number >= 0, got {atol!r}")
-    if is_torch(p):  # (any dtype, bfloat16 included, on any device)
-        p = cast(Any, p).detach().cpu().double().numpy()
+    if is_torch(p):  # (any real dtype, bfloat16 included, on any device)
+        t = cast(Any, p).detach()
+        if t.is_complex():
+            raise TypeError(f"{name} must hold real probabilities, got dtype {t.dtype}")
+        p = t.cpu().double().numpy()
     raw = np.asarray(p)
     if raw.dtype.kind not in "biuf":  # (complex: numpy would drop the imaginary part with a warning)
         raise TypeError(f"{name} must hold real probabilities, got dtype {raw.dtype}")
@@ -35,9 +41,9 @@ def _dist(p: npt.ArrayLike, name: str, atol: float) -> F64Array:
     if (a < 0).any():
         raise ValueError(f"{name} has negative entries")
     sums = a.sum(axis=-1)
-    bad = np.abs(sums - 1.0) > atol
+    bad = np.abs(sums - 1.0) > tol
     if bad.any():
-        raise ValueError(f"{name} rows must sum to 1 (within {atol}); a row sums to {float(sums[bad].flat[0])!r}")
+        raise ValueError(f"{name} rows must sum to 1 (within {tol}); a row sums to {float(sums[bad].flat[0])!r}")
     return a
 
 

@@ -149,6 +149,36 @@ class _EvaluatorMetric(Metric):
         self._evaluator.reset()
         super().reset()
 
+    # Reading a state adds a batch left to wait (`_state`): what reads the
+    # states without reading the metric takes them as held, with no wait.
+    def __hash__(self) -> int:
+        """The metric's identity (torchmetrics hashes the states' values too,
+        which a module walk, ``model.train()`` or ``zero_grad()``, would
+        then wait for; ``id`` alone makes a module's hash unique)."""
+        return hash((type(self).__name__, id(self)))
+
+    def _move_list_states_to_cpu(self) -> None:
+        """Nothing (``compute_on_cpu``): the states are 0-d tensors, none a list."""
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """torchmetrics' unpickling, the states held apart (copied: a
+        ``copy.copy`` shares nothing with its original); a metric pickled
+        with its states among its attributes is read too."""
+        state = dict(state)
+        held = state.pop("_held", None)
+        if held is None:
+            held = {k: state.pop(k) for k in list(state.get("_defaults", {})) if k in state}
+        state["_held"] = dict(held)
+        super().__setstate__(state)
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """torchmetrics' loading of the states; a batch left to wait is
+        dropped when they are loaded (it would be added on top of them), not
+        when a state dict without them is (a model's weights)."""
+        if any(prefix + k in state_dict for k in self._defaults):
+            self._evaluator.reset()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _synced(self) -> Evaluator:
         """An Evaluator holding the current (synced) states (a copy: the
         metric's own gathers the batches to come)."""

@@ -56,11 +56,15 @@ def _the_logits(outputs: Sequence[Any], labels: Any) -> Any:
     if len(found) == 1:
         return found[0]
     shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__ for x in outputs)
+    said = (f"TrainerMetrics needs the model's logits (batch, time, vocabulary) for labels of shape {lead}: "
+            f"the model's outputs reach it as a tuple ({shapes})")
+    if not found and any(isinstance(x, torch.Tensor) and x.dim() == 3 for x in outputs):
+        raise ValueError(f"{said}, none of which has the labels' (batch, time): the labels must cover the "
+                         f"logits' positions")
     what = "none is" if not found else f"{len(found)} are"
-    raise ValueError(f"TrainerMetrics needs the model's logits (batch, time, vocabulary) for labels of shape "
-                     f"{lead}: the model's outputs reach it as a tuple ({shapes}), of which {what} shaped so; "
-                     f"leave the other outputs out with trainer.evaluate(ignore_keys=[...]) (their field names) "
-                     f"or the model config's keys_to_ignore_at_inference")
+    raise ValueError(f"{said}, of which {what} shaped so; leave the other outputs out with "
+                     f"trainer.evaluate(ignore_keys=[...]) (their field names) or the model config's "
+                     f"keys_to_ignore_at_inference")
 
 
 def _leaves(state: Mapping[str, Any]) -> List[Tuple[str, float]]:

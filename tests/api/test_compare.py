@@ -356,3 +356,16 @@ def test_a_token_the_model_rules_out():
     for e in (c.ppl, c.ln_ratio, c.ratio, c.delta_ppl, c.kld.mean):
         assert e.value == e.uncertainty == math.inf
     assert math.isnan(c.correlation) and np.isfinite(c.ppl_ref.value)
+
+
+def test_percentiles_are_numpys_to_the_bit():
+    """Finite per-token values: each percentile is numpy's linear quantile,
+    bit for bit (Δp's values of either sign included)."""
+    from lmmetrics.comparison import DELTA_P_PERCENTILES, _quantile
+
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 3, 11, 100, 1001):
+        for scale in (1e-3, 1.0, 1e3):
+            x = np.sort(rng.standard_normal(n) * scale)
+            for p in DELTA_P_PERCENTILES:
+                assert _quantile(x, p / 100) == float(np.quantile(x, p / 100)), (n, scale, p)

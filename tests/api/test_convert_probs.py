@@ -118,9 +118,12 @@ def test_probability_inputs_refused_or_read_whole():
             probs.entropy([0.5, 0.5], base=base)
     with pytest.raises(TypeError, match="real probabilities"):
         probs.entropy(np.array([0.5 + 0.1j, 0.5]))
+    want = -(0.25 * math.log2(0.25) + 0.75 * math.log2(0.75))
+    assert probs.entropy([0.25, 0.75], atol=np.array(1e-6)) == pytest.approx(want)   # (a 0-d array is a number)
     torch = pytest.importorskip("torch")
-    assert probs.entropy(torch.tensor([0.25, 0.75]).bfloat16()) == pytest.approx(
-        -(0.25 * math.log2(0.25) + 0.75 * math.log2(0.75)))
+    assert probs.entropy(torch.tensor([0.25, 0.75]).bfloat16(), atol=torch.tensor(1e-6)) == pytest.approx(want)
+    with pytest.raises(TypeError, match="real probabilities"):
+        probs.entropy(torch.tensor([0.5 + 0.1j, 0.5]))
 
 
 def test_corpus_counts_and_log_likelihoods_are_checked():

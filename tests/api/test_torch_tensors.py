@@ -107,7 +107,29 @@ def test_a_target_out_of_range_is_named_where_it_is_in_the_targets():
         with pytest.raises(ValueError, match=want):
             lmmetrics.Evaluator(shift=shift).update(z, t)
     t[3, 6] = 1
-    z[3, 6, 2] = np.nan   # (the logits at (3, 6) are read under shift=True: their row keeps its index)
+    z[3, 6, 2] = np.nan   # (the logits at (3, 6) are read under shift=True: named as row 30 of those given)
     for shift in (False, True):
-        with pytest.raises(ValueError, match=r"NaN in logits at row \d+ \(position \(3, 6\)\)"):
+        with pytest.raises(ValueError, match=r"^NaN in logits at row 30 \(position \(3, 6\)\)$"):
             lmmetrics.cross_entropy(z, t, shift=shift)
+        with pytest.raises(ValueError, match=r"^NaN in logits at row 30 \(position \(3, 6\)\)$"):
+            lmmetrics.Evaluator(shift=shift).update(torch.from_numpy(z), torch.from_numpy(t))
+
+
+def test_row_and_target_errors_pickle_whole():
+    """A process pool re-raises a worker's error by pickling it: the row and
+    target errors come back with their message and fields (they could not
+    be rebuilt: their constructors take the fields, not the message)."""
+    import pickle
+
+    rng = np.random.default_rng(6)
+    z = rng.standard_normal((2, 5, 9)).astype(np.float32)
+    t = rng.integers(0, 9, (2, 5))
+    z[1, 2, 0] = np.nan
+    t[0, 4] = 9
+    for shift in (False, True):
+        for logits, targets in ((z, np.clip(t, 0, 8)), (np.nan_to_num(z), t)):
+            with pytest.raises(ValueError) as info:
+                lmmetrics.cross_entropy(logits, targets, shift=shift)
+            back = pickle.loads(pickle.dumps(info.value))
+            assert type(back) is type(info.value) and str(back) == str(info.value)
+            assert vars(back) == vars(info.value)

@@ -848,6 +848,79 @@ def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, mo
     assert float(metric.compute()["tokens"]) == both.compute().tokens
 
 
+def test_torchmetrics_states_read_whole_and_only_when_read(dev, monkeypatch):
+    """The states a torchmetrics class holds are read with every batch in
+    them, and only a read of the metric waits: a module walk (hash:
+    ``model.train()``, ``zero_grad()``) and ``compute_on_cpu`` do not wait
+    (nor raise a waiting batch's error); ``copy.copy`` shares no state; a
+    metric pickled with its states among its attributes loads; loading its
+    states drops a batch left to wait, loading a model's weights does not."""
+    import copy
+    import pickle
+
+    pytest.importorskip("torchmetrics")
+    from lmmetrics.torchmetrics import Perplexity
+
+    batches = _batches(dev)
+    model = torch.nn.Module()
+    model.metric = Perplexity(compute_on_cpu=True)
+    model.layer = torch.nn.Linear(2, 2)
+    for z, _, t in batches:
+        model.metric.update(z, t)
+    want = lmmetrics.Evaluator(ignore_index=None)
+    for z, _, t in batches:
+        want.update(z.cpu().numpy(), t.cpu().numpy())
+    reads = HostReads(monkeypatch)
+    with reads as events:
+        model.train()
+        model.zero_grad()
+        list(model.parameters())
+        hash(model.metric)
+        assert events == [], events
+    assert float(model.metric.compute()) == pytest.approx(want.compute().perplexity, rel=1e-6)
+    # a waiting batch's error: raised by the metric's read, not by a module walk
+    z, _, t = (x.clone() for x in batches[1])
+    z[0, 0, 0] = math.nan
+    t[0, 0] = 1
+    bad = Perplexity()
+    bad.update(*batches[0][::2])
+    bad.update(z, t)
+    torch.nn.ModuleList([bad]).train()
+    with pytest.raises(ValueError, match="NaN in logits"):
+        bad.compute()
+    # copy.copy: its own states
+    a = Perplexity()
+    a.update(*batches[0][::2])
+    b = copy.copy(a)
+    before = float(b.compute())
+    a.update(*batches[1][::2])
+    assert float(b.compute()) == before != float(a.compute())
+    # a metric pickled with its states among its attributes (as before they were held apart)
+    state = a.__getstate__()
+    old = {k: v for k, v in state.items() if k != "_held"}
+    old.update(state["_held"])
+    back = pickle.loads(pickle.dumps(a))
+    back.__setstate__(old)
+    assert float(back.compute()) == float(a.compute())
+    # load_state_dict: a waiting batch is dropped when the states are loaded, kept when they are not
+    first = Perplexity()
+    first.update(*batches[0][::2])
+    first.persistent(True)
+    saved = first.state_dict()
+    m = Perplexity()
+    m.persistent(True)
+    for z, _, t in batches[1:]:
+        m.update(z, t)
+    m.load_state_dict(saved)
+    assert float(m.compute()) == pytest.approx(float(first.compute()), rel=1e-12)
+    holder = torch.nn.Module()
+    holder.metric, holder.layer = Perplexity(), torch.nn.Linear(2, 2)
+    for z, _, t in batches:
+        holder.metric.update(z, t)
+    holder.load_state_dict({"layer." + k: v for k, v in holder.layer.state_dict().items()})   # weights only
+    assert float(holder.metric.compute()) == pytest.approx(want.compute().perplexity, rel=1e-6)
+
+
 def test_targets_read_on_the_device_come_back_exact(dev):
     """The targets a pass reads on the device come back as given, an ignored
     ignore_index beyond float64's integers included (2^53 + 1)."""

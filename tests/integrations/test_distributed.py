@@ -96,6 +96,13 @@ def test_evaluate_bpb_refuses_a_step_count_that_is_not_a_positive_integer(steps)
         lmmetrics.evaluate_bpb(model, iter(data), steps, torch.ones(97, dtype=torch.int64))
 
 
+def test_evaluate_bpb_takes_a_step_count_in_a_tensor():
+    model, data = TinyLM(), batches(n=2)
+    tb = torch.ones(97, dtype=torch.int64)
+    assert lmmetrics.evaluate_bpb(model, iter(data), torch.tensor(2), tb) == \
+        lmmetrics.evaluate_bpb(model, iter(data), 2, tb)
+
+
 def test_evaluate_bpb_no_bytes_is_inf():
     model, data = TinyLM(), batches(n=1)
     assert lmmetrics.evaluate_bpb(model, data, 1, torch.zeros(97, dtype=torch.int64)) == math.inf

@@ -304,6 +304,9 @@ def test_the_logits_among_the_outputs():
     for outputs in ((z, other), (torch.tensor(0.5), z, (torch.randn(8, 4),)), [z]):
         assert torch.equal(tm.preprocess_logits_for_metrics(outputs, labels), want)
     with pytest.raises(ValueError, match=r"none is shaped so.*ignore_keys"):
+        tm.preprocess_logits_for_metrics((torch.tensor(0.5), torch.randn(2, 7)), labels)
+    with pytest.raises(ValueError, match=r"\(2, 5, 7\)\), none of which has the labels' \(batch, time\): the "
+                                         r"labels must cover the logits' positions"):
         tm.preprocess_logits_for_metrics((torch.tensor(0.5), torch.randn(2, 5, 7)), labels)
     with pytest.raises(ValueError, match=r"\(2, 4, 3\)\), of which 2 are shaped so.*ignore_keys"):
         tm.preprocess_logits_for_metrics((torch.tensor(0.5), z, other), labels)

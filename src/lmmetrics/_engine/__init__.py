@@ -26,7 +26,7 @@ from .checks import check_shift as check_shift
 from .checks import check_softcap as check_softcap
 from .checks import check_threads as check_threads
 from .chunked import run_lazy
-from .errors import TargetError
+from .errors import RowError, TargetError
 from .inputs import is_torch, model_logits, shifted
 from .lazy import Projected
 from .request import RowResults as RowResults
@@ -63,9 +63,9 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         raise ValueError("reference_logits are required for the KL divergence")
     if not said:
         return _pass(logits, targets, reference, ignore, cap, threads, want, defer)
-    try:  # (a target out of range is named where it is in the unshifted targets)
+    try:  # (a bad row or target is named where it is in the unshifted inputs)
         out = _pass(logits, targets, reference, ignore, cap, threads, want, defer)
-    except TargetError as e:
+    except (RowError, TargetError) as e:
         raise e.unshifted() from None
     pending = out.pending
     if pending is not None:
@@ -82,10 +82,10 @@ def _pass(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, th
 
 def _unshifted_errors(pending: Callable[[], None]) -> None:
     """A deferred pass of shifted inputs completed (`run`'s rule for its
-    target errors)."""
+    errors)."""
     try:
         pending()
-    except TargetError as e:
+    except (RowError, TargetError) as e:
         raise e.unshifted() from None
 
 

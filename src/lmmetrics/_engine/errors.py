@@ -2,7 +2,7 @@
 (`lmmetrics._engine.native`) and the CUDA path (`lmmetrics._engine.cuda`)."""
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Any, Sequence, Tuple
 
 import numpy as np
 
@@ -26,12 +26,27 @@ def position(i: int, lead_shape: Sequence[int]) -> Tuple[int, ...]:
 
 class RowError(ValueError):
     """A bad row (NaN, or all -inf, in either buffer): a ValueError whose
-    message names the row; ``status`` and ``row`` say which, so that a pass
-    over some rows of a larger input can name the row in the input."""
+    message names the row; ``status`` and ``row`` (flattened, in the pass)
+    say which, so that a pass over some rows of a larger input can name the
+    row in the input. ``shifted``: the pass read ``logits[..., :-1, :]``
+    (``shift=True``), and the message names the row in the logits given."""
 
-    def __init__(self, status: int, row: int, lead_shape: Sequence[int]) -> None:
-        super().__init__(_ROW_MESSAGES[Status(status)].format(row=row, pos=position(row, lead_shape)))
-        self.status, self.row = Status(status), row
+    def __init__(self, status: int, row: int, lead_shape: Sequence[int], shifted: bool = False) -> None:
+        lead = tuple(int(n) for n in lead_shape)
+        shown, given = row, lead
+        if shifted and lead:  # (the same position, in logits with one more position a sequence)
+            shown = row // lead[-1] * (lead[-1] + 1) + row % lead[-1] if lead[-1] else row
+            given = lead[:-1] + (lead[-1] + 1,)
+        super().__init__(_ROW_MESSAGES[Status(status)].format(row=shown, pos=position(shown, given)))
+        self.status, self.row, self.lead_shape, self.shifted = Status(status), row, lead, shifted
+
+    def __reduce__(self) -> Tuple[Any, ...]:  # (pickled whole: a process pool re-raises it)
+        return RowError, (int(self.status), self.row, self.lead_shape, self.shifted)
+
+    def unshifted(self) -> RowError:
+        """The same error named in the logits given (the pass read
+        ``logits[..., :-1, :]``)."""
+        return RowError(self.status, self.row, self.lead_shape, True)
 
 
 def row_error(status: int, row: int, lead_shape: Sequence[int]) -> RowError:
@@ -53,6 +68,9 @@ class TargetError(ValueError):
         super().__init__(f"target {int(value)} at position {pos} is out of range for a vocabulary of {n_cols}")
         self.value, self.row, self.n_cols, self.lead_shape = int(value), row, n_cols, tuple(lead_shape)
         self.shift = shift
+
+    def __reduce__(self) -> Tuple[Any, ...]:  # (pickled whole: a process pool re-raises it)
+        return TargetError, (self.value, self.row, self.n_cols, self.lead_shape, self.shift)
 
     def unshifted(self) -> TargetError:
         """The same error named at the target's position in the unshifted
