@@ -28,7 +28,7 @@ import torch
 from torch.nn import Module, ModuleDict
 from torchmetrics import Metric
 
-from .evaluation import Evaluator, Metrics, state_from_floats
+from .evaluation import Evaluator, Metrics, _digest, state_from_floats
 
 # what can be logged: the keys of Metrics.as_dict() without document_ids
 _BASE = tuple(f.name for f in dataclass_fields(Metrics))[:12]  # tokens .. same_top
@@ -61,6 +61,11 @@ class _EvaluatorMetric(Metric):
                                     softcap=softcap, num_threads=num_threads, nll_only=self._nll_only)
         for k in self._evaluator.state_dict():
             self.add_state(k, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        # what the sums mean (the class, its settings): a MetricCollection groups metrics whose states are
+        # equal after the first update, which states still all 0 (no counted target) would be across classes
+        said = {k: v[0] for k, v in self._evaluator._settings().items() if k != "document_ids"}
+        meaning = _digest(repr((type(self).__name__, sorted(said.items()), shift)).encode()) % 2**52
+        self.add_state("settings", default=torch.tensor(float(meaning), dtype=torch.float64), dist_reduce_fx="max")
 
     def _apply(self, fn: Callable[..., Any], exclude_state: Any = "") -> Module:
         """Move the states with the metric (``.to(device)``, ``.cuda()``) but
@@ -77,7 +82,10 @@ class _EvaluatorMetric(Metric):
 
         for k, v in this._defaults.items():
             this._defaults[k] = move(v)
-            setattr(this, k, move(getattr(this, k)))
+            if k in this._held:  # (as held: a read would wait for a batch left to wait, each `self.log`)
+                this._held[k] = move(this._held[k])
+            else:
+                setattr(this, k, move(getattr(this, k)))
         this._computed, this._forward_cache = (move(c) for c in cached)
         return this
 
@@ -160,16 +168,28 @@ class _EvaluatorMetric(Metric):
     def _move_list_states_to_cpu(self) -> None:
         """Nothing (``compute_on_cpu``): the states are 0-d tensors, none a list."""
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """torchmetrics' pickling (and copying), a batch left to wait added
+        to the states first (its error kept for the next read)."""
+        self._evaluator._drain()
+        self._fold(settle=False)
+        state: Dict[str, Any] = super().__getstate__()
+        return state
+
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        """torchmetrics' unpickling, the states held apart (copied: a
-        ``copy.copy`` shares nothing with its original); a metric pickled
+        """torchmetrics' unpickling, the states held apart; a metric pickled
         with its states among its attributes is read too."""
         state = dict(state)
         held = state.pop("_held", None)
         if held is None:
-            held = {k: state.pop(k) for k in list(state.get("_defaults", {})) if k in state}
+            held = {k: state.pop(k) for k in _STATE_NAMES if k in state}
         state["_held"] = dict(held)
         super().__setstate__(state)
+
+    def __copy__(self) -> _EvaluatorMetric:
+        """A metric of its own, as ``clone()`` (a copy sharing the Evaluator
+        would share its batch left to wait)."""
+        return copy.deepcopy(self)
 
     def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """torchmetrics' loading of the states; a batch left to wait is
@@ -213,7 +233,8 @@ def _state(name: str) -> property:
     return property(get, put, doc=f"the float64 sum {name!r} (a torchmetrics state)")
 
 
-for _name in Evaluator().state_dict():
+_STATE_NAMES = tuple(Evaluator().state_dict())
+for _name in _STATE_NAMES:
     setattr(_EvaluatorMetric, _name, _state(_name))
 
 

@@ -812,7 +812,7 @@ def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, mo
     assert float(values["p_ig"]) == pytest.approx(ignored.compute().perplexity, rel=1e-6)
     # a compute group (metrics whose states agree after the first update share its first member's): every
     # member sees the last batch, which that member's update left to wait (they missed it)
-    group = MetricCollection({"a": Perplexity(), "b": Perplexity(ignore_index=-100),
+    group = MetricCollection({"a": Perplexity(), "b": Perplexity(),
                               "x": LanguageModelMetrics(prefix="x/"), "y": LanguageModelMetrics(prefix="y/")})
     for z, _, t in batches:
         group.update(z, t)
@@ -876,7 +876,11 @@ def test_torchmetrics_states_read_whole_and_only_when_read(dev, monkeypatch):
         model.zero_grad()
         list(model.parameters())
         hash(model.metric)
+        model.metric.to(dev)   # (Lightning's self.log(name, metric) does this every step)
         assert events == [], events
+    # a copy's states hold the batch left to wait (the copy adds it: a read)
+    for twin in (copy.deepcopy(model.metric), pickle.loads(pickle.dumps(model.metric))):
+        assert float(twin.tokens) == float(model.metric.tokens) == want.compute().tokens
     assert float(model.metric.compute()) == pytest.approx(want.compute().perplexity, rel=1e-6)
     # a waiting batch's error: raised by the metric's read, not by a module walk
     z, _, t = (x.clone() for x in batches[1])
@@ -888,13 +892,16 @@ def test_torchmetrics_states_read_whole_and_only_when_read(dev, monkeypatch):
     torch.nn.ModuleList([bad]).train()
     with pytest.raises(ValueError, match="NaN in logits"):
         bad.compute()
-    # copy.copy: its own states
+    # copy.copy: its own states, and its own batch left to wait
     a = Perplexity()
     a.update(*batches[0][::2])
     b = copy.copy(a)
     before = float(b.compute())
     a.update(*batches[1][::2])
     assert float(b.compute()) == before != float(a.compute())
+    a.update(*batches[2][::2])              # (left to wait in a)
+    b = copy.copy(a)
+    assert float(b.compute()) == float(a.compute()) == float(copy.copy(a).compute())
     # a metric pickled with its states among its attributes (as before they were held apart)
     state = a.__getstate__()
     old = {k: v for k, v in state.items() if k != "_held"}
@@ -919,6 +926,57 @@ def test_torchmetrics_states_read_whole_and_only_when_read(dev, monkeypatch):
         holder.metric.update(z, t)
     holder.load_state_dict({"layer." + k: v for k, v in holder.layer.state_dict().items()})   # weights only
     assert float(holder.metric.compute()) == pytest.approx(want.compute().perplexity, rel=1e-6)
+
+
+def test_inference_mode_tensors(dev):
+    """Tensors made under torch.inference_mode() (Lightning's validate and
+    test) track no version counter: reading it raised, and every pass on
+    the device failed there."""
+    pytest.importorskip("torchmetrics")
+    from lmmetrics.torchmetrics import Perplexity
+
+    z, _, t = _batches(dev)[0]
+    want = lmmetrics.evaluate(z.cpu().numpy(), t.cpu().numpy())
+    with torch.inference_mode():
+        zi, ti = z.clone(), t.clone()
+        assert lmmetrics.evaluate(zi, ti).loss == pytest.approx(want.loss, rel=1e-6)
+        ev = lmmetrics.Evaluator()
+        ev.update(zi, ti)
+        metric = Perplexity()
+        metric.update(zi, ti)
+        metric.update(zi, ti)
+    assert ev.compute().loss == pytest.approx(want.loss, rel=1e-6)
+    assert float(metric.compute()) == pytest.approx(want.perplexity, rel=1e-6)
+
+
+def test_a_collection_does_not_group_what_means_another_thing(dev):
+    """A MetricCollection groups metrics whose states agree after the first
+    update: a first batch that counts nothing left every class's sums at 0,
+    and Perplexity, BitsPerByte and LanguageModelMetrics shared one state
+    (Perplexity raised, the entropy was 0). Each class and setting is now
+    told apart; alike ones still share."""
+    pytest.importorskip("torchmetrics")
+    from torchmetrics import MetricCollection
+
+    from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity
+
+    batches = _batches(dev)
+    table = torch.arange(600) % 4
+    empty = batches[0][2].clone().fill_(-100)
+    group = MetricCollection({"ppl": Perplexity(), "ppl2": Perplexity(), "bpb": BitsPerByte(table),
+                              "lm": LanguageModelMetrics(token_bytes=table)})
+    group.update(batches[0][0], empty)
+    for z, _, t in batches[1:]:
+        group.update(z, t)
+    assert sorted(map(sorted, group.compute_groups.values())) == [["bpb"], ["lm"], ["ppl", "ppl2"]]
+    got = group.compute()
+    want = lmmetrics.Evaluator(ignore_index=None, token_bytes=table.numpy())
+    for z, _, t in batches[1:]:
+        want.update(z.cpu().numpy(), t.cpu().numpy())
+    want = want.compute()
+    assert float(got["ppl"]) == float(got["ppl2"]) == pytest.approx(want.perplexity, rel=1e-6)
+    assert float(got["bpb"]) == pytest.approx(want.bits_per_byte, rel=1e-6)
+    assert float(got["entropy"]) == pytest.approx(want.entropy, rel=1e-6)
 
 
 def test_targets_read_on_the_device_come_back_exact(dev):

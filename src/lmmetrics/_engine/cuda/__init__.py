@@ -121,8 +121,17 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
 
 
 def _versions(lg: CudaLogits, ref: Optional[CudaLogits]) -> Tuple[int, ...]:
-    """The version counters of the logits (torch counts in-place changes)."""
-    return tuple(int(getattr(x.keep, "_version", 0)) for x in (lg, ref) if x is not None)
+    """The version counters of the logits (torch counts in-place changes;
+    -1 for a tensor made under ``torch.inference_mode()``, which counts
+    none)."""
+    return tuple(_version(x.keep) for x in (lg, ref) if x is not None)
+
+
+def _version(t: Any) -> int:
+    try:
+        return int(getattr(t, "_version", 0))
+    except RuntimeError:  # (an inference tensor: "Inference tensors do not track version counter")
+        return -1
 
 
 def _queued_copy(sent: torch.Tensor) -> Optional[Callable[[], F64Array]]:
