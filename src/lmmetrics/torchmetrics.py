@@ -139,12 +139,28 @@ class _EvaluatorMetric(Metric):
         self._fold()
         return super().forward(*args, **kwargs)
 
-    def merge_state(self, *args: Any, **kwargs: Any) -> None:
-        """torchmetrics' merge of another metric's states, once every batch is
-        in both."""
-        for m in [self] + [a for a in args if isinstance(a, _EvaluatorMetric)]:
-            m._fold()
-        super().merge_state(*args, **kwargs)
+    def merge_state(self, incoming_state: Any) -> None:
+        """torchmetrics' merge of another metric's states (or of their dict,
+        ``metric_state``), once every batch is in both; ValueError for a
+        metric of another class or settings (its sums mean another thing).
+        A dict without ``settings`` (saved before it existed) is taken as
+        this metric's."""
+        self._fold()
+        if isinstance(incoming_state, _EvaluatorMetric):
+            incoming_state._fold()
+            theirs = incoming_state.__dict__.get("settings")
+        elif isinstance(incoming_state, dict):
+            if "settings" in self._defaults and "settings" not in incoming_state:
+                incoming_state = {**incoming_state, "settings": self.settings}
+            theirs = incoming_state.get("settings")
+        else:
+            theirs = None
+        ours = self.__dict__.get("settings")
+        if theirs is not None and ours is not None and float(theirs) != float(ours):
+            raise ValueError(f"merge_state: the incoming metric is of another class or settings than this "
+                             f"{type(self).__name__} (ignore_index, token_bytes, shift, softcap): its sums mean "
+                             f"another thing")
+        super().merge_state(incoming_state)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The module's state dict, once every batch is in the states."""

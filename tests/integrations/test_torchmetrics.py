@@ -264,3 +264,27 @@ def test_standard_errors_stream_through_the_states():
     assert got["loss_stderr"].item() == pytest.approx(whole.stderr["loss"], rel=1e-12)
     assert got["perplexity_low"].item() == pytest.approx(whole.perplexity_interval[0], rel=1e-12)
     assert dict(m.items())["loss_stderr"].compute().item() == pytest.approx(whole.stderr["loss"], rel=1e-12)
+
+
+def test_merge_state_of_alike_metrics_only():
+    """merge_state adds another metric's sums (or their dict) when they mean
+    the same thing, and refuses a metric of another class or settings,
+    as Evaluator.merge does; a dict saved without ``settings`` is taken as
+    the metric's own."""
+    torch.manual_seed(3)
+    z, t = torch.randn(2, 5, 11), torch.randint(0, 11, (2, 5))
+    z2, t2 = torch.randn(3, 4, 11), torch.randint(0, 11, (3, 4))
+    want = float(TMPerplexity()(torch.cat([z.reshape(1, 10, 11), z2.reshape(1, 12, 11)], 1),
+                                torch.cat([t.reshape(1, 10), t2.reshape(1, 12)], 1)))
+    for incoming in ("metric", "dict", "dict without settings"):
+        a, b = Perplexity(), Perplexity()
+        a.update(z, t)
+        b.update(z2, t2)
+        state = b.metric_state
+        arg = b if incoming == "metric" else state if incoming == "dict" else \
+            {k: v for k, v in state.items() if k != "settings"}
+        a.merge_state(arg)
+        assert float(a.compute()) == pytest.approx(want, rel=1e-6), incoming
+    for other in (Perplexity(ignore_index=3), Perplexity(shift=True), LanguageModelMetrics(), BitsPerByte([1] * 11)):
+        with pytest.raises(ValueError, match="another class or settings"):
+            Perplexity().merge_state(other)
