@@ -183,9 +183,9 @@ def whole_counts(name: str, counts: Any) -> F64Array:
     if c.dtype.kind not in "iuf":
         raise ValueError(f"{name} must be whole counts (integers >= 0), got dtype {c.dtype}")
     c = c.astype(np.float64)
-    if not (np.isfinite(c) & (c >= 0) & (c == np.floor(c))).all():
-        bad = c[~(np.isfinite(c) & (c >= 0) & (c == np.floor(c)))].flat[0]
-        raise ValueError(f"{name} must be whole counts (integers >= 0), got {float(bad)!r}")
+    whole = np.isfinite(c) & (c >= 0) & (c == np.floor(c))
+    if not whole.all():
+        raise ValueError(f"{name} must be whole counts (integers >= 0), got {float(c[~whole].flat[0])!r}")
     return c
 
 

@@ -63,13 +63,10 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
         raise ValueError("reference_logits are required for the KL divergence")
     if not said:
         return _pass(logits, targets, reference, ignore, cap, threads, want, defer)
-    try:  # (a bad row or target is named where it is in the unshifted inputs)
-        out = _pass(logits, targets, reference, ignore, cap, threads, want, defer)
-    except (RowError, TargetError) as e:
-        raise e.unshifted() from None
+    out: RowResults = _unshifted(lambda: _pass(logits, targets, reference, ignore, cap, threads, want, defer))
     pending = out.pending
-    if pending is not None:
-        out.pending = lambda: _unshifted_errors(pending)
+    if pending is not None:  # (a deferred pass raises when it completes)
+        out.pending = lambda: _unshifted(pending)
     return out
 
 
@@ -80,11 +77,11 @@ def _pass(logits: Any, targets: Any, reference: Any, ignore: int, cap: float, th
     return compute(logits, targets, reference, ignore, cap, threads, want, defer)
 
 
-def _unshifted_errors(pending: Callable[[], None]) -> None:
-    """A deferred pass of shifted inputs completed (`run`'s rule for its
-    errors)."""
+def _unshifted(work: Callable[[], Any]) -> Any:
+    """work() over shifted inputs, a bad row or target it raises named where
+    it is in the unshifted inputs."""
     try:
-        pending()
+        return work()
     except (RowError, TargetError) as e:
         raise e.unshifted() from None
 

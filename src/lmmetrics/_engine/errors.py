@@ -59,23 +59,24 @@ class TargetError(ValueError):
     the target's position in the targets; ``value``, ``row`` (flattened, in
     the pass), ``n_cols`` and ``lead_shape`` say which, so that a pass over
     aligned views (``shift=True``) can name the position in the input
-    (``shift``: 1 where the message names it so, one position on)."""
+    (``shifted``: the pass read ``targets[..., 1:]``, and the message names
+    the position in the targets given, one on)."""
 
-    def __init__(self, value: int, row: int, n_cols: int, lead_shape: Sequence[int], shift: int = 0) -> None:
+    def __init__(self, value: int, row: int, n_cols: int, lead_shape: Sequence[int], shifted: bool = False) -> None:
         pos = position(row, lead_shape)
-        if shift:  # (the pass read targets[..., 1:]: the last index is one further on in the input)
-            pos = pos[:-1] + (pos[-1] + shift,)
+        if shifted:
+            pos = pos[:-1] + (pos[-1] + 1,)
         super().__init__(f"target {int(value)} at position {pos} is out of range for a vocabulary of {n_cols}")
         self.value, self.row, self.n_cols, self.lead_shape = int(value), row, n_cols, tuple(lead_shape)
-        self.shift = shift
+        self.shifted = shifted
 
     def __reduce__(self) -> Tuple[Any, ...]:  # (pickled whole: a process pool re-raises it)
-        return TargetError, (self.value, self.row, self.n_cols, self.lead_shape, self.shift)
+        return TargetError, (self.value, self.row, self.n_cols, self.lead_shape, self.shifted)
 
     def unshifted(self) -> TargetError:
         """The same error named at the target's position in the unshifted
         targets (the pass read ``targets[..., 1:]``)."""
-        return TargetError(self.value, self.row, self.n_cols, self.lead_shape, shift=1)
+        return TargetError(self.value, self.row, self.n_cols, self.lead_shape, True)
 
 
 def target_error(value: int, i: int, n_cols: int, lead_shape: Sequence[int]) -> TargetError:

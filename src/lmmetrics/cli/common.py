@@ -274,8 +274,8 @@ def _named(where: str, lead: Tuple[int, ...], at: _At) -> Iterator[None]:
         yield
     except RowError as e:
         raise InputError(f"{where}{row_error(e.status, at(e.row, False), lead)}") from None
-    except TargetError as e:  # (shift: the pass read the targets one position on)
-        raise InputError(f"{where}{TargetError(e.value, at(e.row, bool(e.shift)), e.n_cols, lead)}") from None
+    except TargetError as e:  # (shifted: the pass read the targets one position on)
+        raise InputError(f"{where}{TargetError(e.value, at(e.row, e.shifted), e.n_cols, lead)}") from None
 
 
 def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Namespace
