@@ -38,7 +38,7 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
         raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
                          f"put both on the same device")
     dtype = torch_dtype_name(x, name)
-    shape = tuple(int(n) for n in x.shape)
+    shape = tuple(x.shape)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
     x, rows = rows_of(x.detach(), len(shape) - 1)
@@ -61,7 +61,7 @@ def device_targets(targets: Any, lg: CudaLogits) -> torch.Tensor:
     t = index_array_or_tensor(targets, "targets")
     if not (is_torch(t) and t.device == lg.keep.device and str(t.dtype) in _DEVICE_INDEX):
         return to_device(as_targets(t, lg, check_range=False), lg.keep.device)  # (flat, from the host: no wait)
-    check_targets_shape(tuple(int(n) for n in t.shape), lg)
+    check_targets_shape(tuple(t.shape), lg)
     kept: torch.Tensor = rows_of(t, t.dim())[0]
     return kept
 
@@ -79,11 +79,24 @@ def _triton_for(lg: CudaLogits, ref: Optional[CudaLogits]) -> Any:
         return None
     if not (_force_triton or lg.keep.device.type == "cuda"):
         return None
-    try:
-        from . import triton as _triton
-    except Exception:  # triton absent or unusable here: the torch path
-        return None
-    return _triton if _triton.usable(lg, ref) else None
+    tri = _triton_module()
+    return tri if tri is not None and tri.usable(lg, ref) else None
+
+
+_triton_mod: Any = False  # (not yet imported)
+
+
+def _triton_module() -> Any:
+    """The Triton module, imported once; None when triton is absent or
+    unusable here (the torch path)."""
+    global _triton_mod
+    if _triton_mod is False:
+        try:
+            from . import triton as _triton
+        except Exception:
+            return None  # (asked again next time, as before: an import may fail for a passing reason)
+        _triton_mod = _triton
+    return _triton_mod
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets: Any, ignore_index: int,
@@ -99,12 +112,12 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     for what was queued on the stream after it."""
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
-    names, sent, picks = _gathered(res, out, tgt is not None)
+    names, sent, at = _gathered(res, out, tgt is not None)
     early = _queued_copy(sent) if defer else None
     versions = _versions(lg, ref)
 
     def finish() -> None:
-        host = _picked(sent.cpu().numpy() if early is None else early(), picks)
+        host = sent.cpu().numpy() if early is None else early()
 
         def redo(idx: I64Array) -> None:  # the rows the fast paths could not certify
             if _versions(lg, ref) != versions:
@@ -113,9 +126,9 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
                                  "are read")
             exact_rows(idx, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
 
-        settle(res, out, None, lg.lead_shape, tgt, redo=redo, fetched=(names, host))
+        settle(res, out, None, lg.lead_shape, tgt, redo=redo, fetched=(names, host, at))
         if out.nll is not None:
-            out.nll_sum = float(np.sum(out.nll))
+            out.nll_sum = float(out.nll.sum())  # (np.sum's bits, past its Python wrapper)
 
     return finish
 
@@ -202,12 +215,12 @@ def launch(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, cap: floa
 _WHOLE_BYTES = 64 * 1024
 
 
-def _gathered(res: torch.Tensor, out: RowResults,
-              with_targets: bool) -> Tuple[List[str], torch.Tensor, Optional[List[int]]]:
+def _gathered(res: torch.Tensor, out: RowResults, with_targets: bool) -> Tuple[List[str], torch.Tensor, List[int]]:
     """What one transfer brings to the host: the names of its rows (the
     flags, the outputs out asks for and, with_targets, the targets), the
-    tensor to bring (on the device: queued, not waited for) and the rows to
-    take from it once there (None: all, gathered on the device)."""
+    tensor to bring (on the device: queued, not waited for) and where each
+    of those rows is in it (res whole, or those rows gathered on the
+    device)."""
     import torch
 
     names = [name for name in OUTPUTS if getattr(out, name) is not None]
@@ -215,12 +228,7 @@ def _gathered(res: torch.Tensor, out: RowResults,
     names += ["targets"] if with_targets else []
     if res.numel() * res.element_size() <= _WHOLE_BYTES:
         return names, res, at
-    return names, torch.stack([res[i] for i in at]), None
-
-
-def _picked(host: F64Array, picks: Optional[List[int]]) -> F64Array:
-    """The rows picks of a transfer's host copy (`_gathered`)."""
-    return host if picks is None else host[picks]
+    return names, torch.stack([res[i] for i in at]), list(range(len(at)))
 
 
 def _first_error(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
@@ -246,9 +254,10 @@ def _first_error(flags: I64Array, counted: BoolArray, rows: Optional[I64Array], 
 
 def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_shape: Tuple[int, ...],
            targets: Optional[torch.Tensor] = None, redo: Optional[Callable[[I64Array], None]] = None,
-           fetched: Optional[Tuple[List[str], F64Array]] = None) -> None:
+           fetched: Optional[Tuple[List[str], F64Array, List[int]]] = None) -> None:
     """The flags of res's rows and the outputs out asks for, to the host in
-    one transfer (or as fetched already: names and rows), into out's
+    one transfer (or as fetched already: `_gathered`'s names and row
+    positions, with the rows on the host), into out's
     arrays at rows (flat row numbers; None: all out's rows, in order), and
     with targets (the pass's, on the device) out's targets and counted rows
     as the pass read them. The rows to do again by the exact path (flagged
@@ -258,12 +267,12 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     of them (NaN behind +inf) is named if it comes first, as the core names
     it (and that row's own error, where it is one of them)."""
     if fetched is None:
-        names, sent, picks = _gathered(res, out, targets is not None)
-        host: F64Array = _picked(sent.cpu().numpy(), picks)
+        names, sent, at = _gathered(res, out, targets is not None)
+        host: F64Array = sent.cpu().numpy()
     else:
-        names, host = fetched
-    flags = host[0].astype(np.int64)
-    values = dict(zip(names, host[1:]))
+        names, host, at = fetched
+    flags = host[at[0]].astype(np.int64)
+    values = {name: host[i] for name, i in zip(names, at[1:])}
     tv = None
     if targets is not None:
         tv = values.pop("targets")
@@ -274,13 +283,16 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
         out.targets[~read & (tv >= 0)] = out.ignore_index
         out.set_counted(read)
         out.n_counted = int(np.count_nonzero(read))
+    where = slice(None) if rows is None else rows
+    for name, v in values.items():
+        getattr(out, name)[where] = v  # the integer outputs: exact float64 integers
+    floats = [v for name, v in values.items() if name not in INDEX_OUTPUTS]
+    if not (flags & (ERRORS | F_OOB | SLOW)).any() and not any(np.isnan(v).any() for v in floats):
+        return  # (the common case: no row to name or do again)
     counted = out.counted if rows is None else np.ones(flags.size, bool)
     slow = counted & ((flags & SLOW) != 0)
-    at = slice(None) if rows is None else rows
-    for name, v in values.items():
-        getattr(out, name)[at] = v  # the integer outputs: exact float64 integers
-        if name not in INDEX_OUTPUTS:
-            slow |= counted & np.isnan(v)
+    for v in floats:
+        slow |= counted & np.isnan(v)
     first = _first_error(flags, counted, rows, lead_shape, tv, targets, out.n_cols)
     slow_at = np.flatnonzero(slow)
     if first is not None:

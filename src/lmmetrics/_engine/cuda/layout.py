@@ -54,10 +54,10 @@ def rows_of(x: Any, lead: int) -> Tuple[Any, Tuple[int, int, int]]:
     them, (inner, stride, outer), with the tensor: x itself, or a
     contiguous copy when no two strides describe them (three or more
     leading axes that do not merge)."""
-    rows = collapse(tuple(int(n) for n in x.shape[:lead]), x.stride()[:lead])
+    rows = collapse(x.shape[:lead], x.stride()[:lead])
     if rows is None:
         x = x.contiguous()
-        rows = collapse(tuple(int(n) for n in x.shape[:lead]), x.stride()[:lead])
+        rows = collapse(x.shape[:lead], x.stride()[:lead])
         assert rows is not None  # C-contiguous leading axes merge into one
     return x, rows[1:]
 

@@ -546,6 +546,9 @@ def usable(lg: CudaLogits, ref: Optional[CudaLogits]) -> bool:
     return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in sides)
 
 
+_AS_IS = contextlib.nullcontext()  # (reusable: one for every launch)
+
+
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: torch.Tensor,
             targets: Optional[torch.Tensor], ignore: int, cap: float) -> None:
     """The kernels' per-row values and flags into res, on the device (the
@@ -561,17 +564,11 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, res: tor
     try:
         # on the tensors' device (the launch goes to the current one), and
         # the interpreter's numpy sees -inf - -inf in masked lanes
-        with torch.cuda.device(dev) if dev.type == "cuda" and dev != _current(dev) else contextlib.nullcontext(), \
-                np.errstate(all="ignore") if INTERPRET else contextlib.nullcontext():
+        with torch.cuda.device(dev) if dev.type == "cuda" and dev.index != torch.cuda.current_device() else _AS_IS, \
+                np.errstate(all="ignore") if INTERPRET else _AS_IS:
             _launch(lg, ref, targets, ignore, res, states, group, n_spans, out, cap)
     except Exception as e:
         raise LaunchError(str(e)) from e
-
-
-def _current(dev: torch.device) -> torch.device:
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.Tensor], ignore: int,
