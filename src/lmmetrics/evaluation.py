@@ -146,6 +146,8 @@ class Metrics:
         ``entropy``, ``kl``) clustered by document, the honest ones when
         tokens of a document are not independent (they are not: a document
         has a topic, a style, a difficulty). Usually larger than ``stderr``.
+        Over the documents that hold the mean's tokens (``bits_per_byte``: those
+        with a byte, ``kl``: those with reference logits), as the macro means.
     perplexity_interval_documents : tuple of float or None
         95% interval of the perplexity from the clustered standard error.
     per_document : Documents or None
