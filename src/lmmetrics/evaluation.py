@@ -1238,6 +1238,8 @@ def _calibration_from(empty: Calibration, counts: Any, conf_sum: Any, correct: A
     if not (c.size == s.size == k.size == empty.bins) or np.isnan(s).any() or (c < 0).any() or (s < 0).any() \
             or (k < 0).any() or (k > c).any():
         raise ValueError(f"Evaluator state: calibration must hold {empty.bins} non-negative counts and sums a bin")
+    if not (np.isfinite(c) & (c == np.rint(c)) & np.isfinite(k) & (k == np.rint(k))).all():
+        raise ValueError("Evaluator state: calibration's counts and correct must be whole numbers")
     return Calibration(empty.edges, np.rint(c).astype(np.int64), s, np.rint(k).astype(np.int64))
 
 
