@@ -48,7 +48,11 @@ def clustered_stderr(sums: F64Array, counts: F64Array) -> float:
     when tokens of one document are not independent: documents are the
     units (cluster-robust, with the small-sample factor G / (G - 1)):
     ``sqrt(G / (G - 1) * sum_g (s_g - mean n_g)^2) / N`` over the G
-    documents' sums s_g and counts n_g. nan below two documents."""
+    documents' sums s_g and counts n_g, of the documents with a count: one
+    without (no byte, no token with reference logits) holds nothing of the
+    mean, as it holds nothing of the macro mean. nan below two documents."""
+    held = counts > 0
+    sums, counts = sums[held], counts[held]
     g = int(counts.size)
     n = float(np.sum(counts))
     if g < 2 or n <= 0:

@@ -146,6 +146,8 @@ class Metrics:
         ``entropy``, ``kl``) clustered by document, the honest ones when
         tokens of a document are not independent (they are not: a document
         has a topic, a style, a difficulty). Usually larger than ``stderr``.
+        Over the documents that hold the mean's tokens (``bits_per_byte``: those
+        with a byte, ``kl``: those with reference logits), as the macro means.
     perplexity_interval_documents : tuple of float or None
         95% interval of the perplexity from the clustered standard error.
     per_document : Documents or None
@@ -1006,24 +1008,46 @@ class Evaluator:
             or another table), or when some ranks' batches had
             ``document_ids`` and others' had none (a rank without batches
             goes with either). The message names what differs on which rank.
+            Likewise on every rank when an update's pass on a CUDA device
+            failed on some rank (its error, raised at this read): that rank
+            raises its own error, the others one naming it; nothing is
+            summed, each rank's other batches are added, and a later
+            all_reduce sums them.
         """
-        self._settle()  # (batches on a device not yet added: before the sums travel)
+        failed: Optional[ValueError] = None
+        try:
+            self._settle()  # (batches on a device not yet added: before the sums travel)
+        except ValueError as e:  # raised on every rank alike, below (a rank alone in a collective hangs)
+            failed = e
         try:
             import torch
             import torch.distributed as dist
+            ranks = dist.is_available() and dist.is_initialized()
         except ImportError:  # without torch there are no ranks to reduce over
-            return self
-        if not (dist.is_available() and dist.is_initialized()):
+            ranks = False
+        if not ranks:
+            if failed is not None:
+                raise failed
             return self
         device: Union[str, torch.device] = "cpu"
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         # first the settings, a fixed number of int64s from each rank: the sizes of what follows depend on them
         mine = self._settings()
-        sent = torch.tensor([v for v, _ in mine.values()], dtype=torch.int64, device=device)
+        sent = torch.tensor([v for v, _ in mine.values()] + [int(failed is not None)], dtype=torch.int64,
+                            device=device)
         parts = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, sent, group=group)
         table = [p.cpu().tolist() for p in parts]  # each rank's settings, the same list on every rank
+        failed_on = [r for r, row in enumerate(table) if row[-1]]  # (the last entry: a failed update)
+        if failed_on:
+            errors: List[Any] = [None] * len(table)
+            dist.all_gather_object(errors, None if failed is None else str(failed), group=group)
+            if failed is not None:
+                raise failed
+            raise ValueError(f"Evaluator.all_reduce: an update failed on {_ranks_text(failed_on)}, so nothing "
+                             f"was summed (every rank raises; the batches that succeeded are added, and a "
+                             f"later all_reduce sums them): rank {failed_on[0]}: {errors[failed_on[0]]}")
         docs_by_rank = [row[list(mine).index("document_ids")] for row in table]
         differ = [name for i, name in enumerate(mine) if len({row[i] for row in table}) > 1
                   and (name != "document_ids" or {_WITH_DOCS, _WITHOUT_DOCS} <= set(docs_by_rank))]
@@ -1214,6 +1238,8 @@ def _calibration_from(empty: Calibration, counts: Any, conf_sum: Any, correct: A
     if not (c.size == s.size == k.size == empty.bins) or np.isnan(s).any() or (c < 0).any() or (s < 0).any() \
             or (k < 0).any() or (k > c).any():
         raise ValueError(f"Evaluator state: calibration must hold {empty.bins} non-negative counts and sums a bin")
+    if not (np.isfinite(c) & (c == np.rint(c)) & np.isfinite(k) & (k == np.rint(k))).all():
+        raise ValueError("Evaluator state: calibration's counts and correct must be whole numbers")
     return Calibration(empty.edges, np.rint(c).astype(np.int64), s, np.rint(k).astype(np.int64))
 
 

@@ -107,6 +107,8 @@ BAD = {
     "rank hits shrinking with k": (("rank", "hits"), lambda v: [v[1], v[0]], "grow with k"),
     "reciprocal ranks above the tokens": (("rank", "rr_sum"), lambda v: 1e6, "reciprocal ranks"),
     "a bin more": (("calibration", "counts"), _plus(0, 1), "calibration bins hold"),
+    "fractional bin counts, the total kept": (("calibration", "counts"), lambda v: [v[0] - 0.4, v[1] + 0.4] + v[2:],
+                                              "whole numbers"),
     "confidence outside its bin": (("calibration", "conf_sum"), lambda v: [c + 1.0 for c in v],
                                    "outside its edges"),
 }

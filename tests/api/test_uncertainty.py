@@ -225,3 +225,40 @@ def test_too_few_tokens_give_nan_not_a_number():
     m = lmmetrics.evaluate(z, np.array([1]))
     assert math.isnan(m.stderr["loss"]) and math.isnan(m.perplexity_interval[0])
     assert "±" not in str(m).splitlines()[4]  # loss: no made-up uncertainty
+
+
+def test_clustered_stderr_counts_only_the_documents_that_hold_the_mean():
+    """A document with no token of a mean (no reference logits for the KL,
+    no byte for bits per byte) is not one of its units: with one document
+    that has them the standard error is nan (not 0), and adding a document
+    without them leaves it as it was, as it leaves the macro mean."""
+    z, r, t, tb, doc = _data(7, docs=6)
+    c = t >= 0
+    tb = tb.copy()
+    tb[t[c & (doc == doc[-1])]] = 0  # the last document: no byte
+    with_ref = doc < doc[-1] - 7 * 2  # the last three documents: no reference logits
+    ev = lmmetrics.Evaluator(token_bytes=tb)
+    ev.update(z[with_ref], t[with_ref], reference_logits=r[with_ref], document_ids=doc[with_ref])
+    ev.update(z[~with_ref], t[~with_ref], document_ids=doc[~with_ref])
+    m = ev.compute()
+    nll = np.zeros(len(t))
+    nll[c] = ref_nll(z[c], t[c])
+    kl = np.zeros(len(t))
+    kl[c] = ref_kl(r[c], z[c])
+
+    def written(values, counts, keep):
+        ids = np.unique(doc[keep])
+        s = np.array([values[keep & (doc == d)].sum() for d in ids])
+        n = np.array([counts[keep & (doc == d)].sum() for d in ids], float)
+        g, mean = len(ids), s.sum() / n.sum()
+        return math.sqrt(g / (g - 1) * np.sum((s - mean * n) ** 2)) / n.sum()
+
+    assert m.stderr_documents["kl"] == pytest.approx(written(kl, np.ones(len(t)), c & with_ref), rel=1e-4)
+    b = np.where(c, tb[np.maximum(t, 0)], 0)
+    want_bpb = written(np.where(b > 0, nll, 0.0), b, c & (b > 0)) / math.log(2)
+    assert m.stderr_documents["bits_per_byte"] == pytest.approx(want_bpb, rel=1e-5)
+    one = lmmetrics.Evaluator()
+    first = doc == doc[0]
+    one.update(z[first], t[first], reference_logits=r[first], document_ids=doc[first])
+    one.update(z[~first], t[~first], document_ids=doc[~first])
+    assert math.isnan(one.compute().stderr_documents["kl"]) and math.isnan(one.compute().stderr["macro_kl"])

@@ -274,3 +274,68 @@ def test_all_reduce_refuses_ranks_with_other_settings(tmp_path):
             assert got[k] == (v if v is None else pytest.approx(v, rel=1e-12, nan_ok=True)), k
         got = o["documents, no batch on the other rank"]["metrics"]
         assert got["documents"] == 4 and got["tokens"] == int(np.count_nonzero(t[:20] >= 0))
+
+
+# -- an update whose pass failed on one rank's device: every rank raises, none is left waiting ------------
+
+DEVICE_ERROR_WORKER = textwrap.dedent("""
+    import datetime, json, os, sys
+    os.environ["LMMETRICS_TRITON"] = "0"
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    import lmmetrics
+    from lmmetrics._engine import inputs
+    from test_distributed import device_error_data
+
+    inputs.is_cuda = lambda x: isinstance(x, torch.Tensor)  # CPU tensors take the deferred CUDA path
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    z, t, bad = device_error_data()
+    ev = lmmetrics.Evaluator()
+    for k in range(2):
+        zz = torch.from_numpy(z[rank, k].copy())
+        if (rank, k) == bad:
+            zz[3, 5] = float("nan")
+        ev.update(zz, torch.from_numpy(t[rank, k]))
+    out = {}
+    try:
+        ev.all_reduce()
+    except ValueError as e:
+        out["error"] = str(e)
+        ev.all_reduce()  # the batches that succeeded, on every rank
+    out["metrics"] = ev.compute().as_dict()
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def device_error_data():
+    """Two batches a rank, and which one holds a NaN row (rank 1's first)."""
+    rng = np.random.default_rng(4)
+    z = (rng.standard_normal((2, 2, 8, 30)) * 2).astype(np.float32)
+    return z, rng.integers(0, 30, (2, 2, 8)), (1, 0)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_all_reduce_raises_on_every_rank_when_a_device_pass_failed_on_one(tmp_path):
+    """A batch whose pass on a device found a NaN row raises at the next
+    read, all_reduce's too: on that rank alone it would leave the others
+    waiting in the collective (or summing with its next all_reduce).
+    Every rank raises, naming the failed update; the next all_reduce sums
+    the batches that succeeded."""
+    outs = run_gloo_workers(DEVICE_ERROR_WORKER, tmp_path, timeout=90)
+    named = "update 1 of this Evaluator since it was made or reset"
+    assert outs[1]["error"].startswith(named) and "NaN in logits at row 3" in outs[1]["error"], outs[1]
+    assert outs[0].get("error", "").startswith("Evaluator.all_reduce: an update failed on rank 1, so nothing "
+                                               "was summed"), outs[0]
+    assert named in outs[0]["error"] and "NaN in logits at row 3" in outs[0]["error"]
+    z, t, _ = device_error_data()
+    good = [(0, 0), (0, 1), (1, 1)]
+    whole = lmmetrics.evaluate(np.concatenate([z[b] for b in good]), np.concatenate([t[b] for b in good])).as_dict()
+    for o in outs:
+        assert o["metrics"].keys() == whole.keys()
+        for k, v in whole.items():
+            assert o["metrics"][k] == (v if v is None else pytest.approx(v, rel=1e-6)), k
