@@ -393,6 +393,16 @@ def group_lazy_logits():
             _compare(got, want)
             np.testing.assert_array_equal(got.rank, want.rank)
     assert len(calls) >= n + 8
+    # a NaN in a vocabulary block one column wide (V 513 in blocks of 512):
+    # the kernel's argmax of that row lies past the tile, where the merge
+    # read the row's value (an IndexError; on a GPU, a device-side assert);
+    # the row is named as on whole rows
+    hn, wn = torch.randn(4, 3, generator=g), torch.randn(513, 3, generator=g)
+    hn[1, 0] = math.nan
+    for with_ref in (False, True):
+        ref = lmmetrics.projected(hn.flip(0), wn, chunk_bytes=1) if with_ref else None
+        with pytest.raises(ValueError, match=r"NaN in logits at row 1 "):
+            _engine.run(lmmetrics.projected(hn, wn, chunk_bytes=1), np.arange(4), ref, nll=True, kl=with_ref)
     print("GROUP OK")
 
 

@@ -123,6 +123,30 @@ def test_an_architecture_the_head_does_not_explain_is_refused():
     assert math.isfinite(lmmetrics.perplexity(lazy, ids, shift=True))
 
 
+def test_an_encoder_decoder_model_is_refused():
+    """Found by an adversarial review: BART's forward on input_ids alone
+    runs (its decoder reads them shifted right), so model_logits took it,
+    and its logits at position t predict input_ids[t]: scored with
+    shift=True, as the guide says for model_logits, the number was
+    plausible and wrong (BART's own loss is the unshifted score). Encoder-decoder models are refused, T5 with that error too
+    (its decoder's own error before)."""
+    torch.manual_seed(0)
+    bart = T.BartForConditionalGeneration(T.BartConfig(
+        vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64)).eval()
+    t5 = T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_ff=64, num_layers=1, num_heads=4,
+                                                 d_kv=8, decoder_start_token_id=0)).eval()
+    ids = torch.randint(3, V, (2, 12))
+    with torch.no_grad():  # (why: the model's own loss is the unshifted score of its logits)
+        bart.get_output_embeddings().weight.mul_(8.0)
+        out = bart(ids, labels=ids)
+    assert float(out.loss) == pytest.approx(lmmetrics.cross_entropy(out.logits, ids, shift=False), rel=1e-5)
+    assert float(out.loss) != pytest.approx(lmmetrics.cross_entropy(out.logits, ids, shift=True), rel=1e-3)
+    for m in (bart, t5):
+        with pytest.raises(TypeError, match=rf"model_logits: {type(m).__name__} is an encoder-decoder model"):
+            lmmetrics.model_logits(m, ids)
+
+
 class _Capped(T.LlamaForCausalLM):
     """A soft cap of 30 in its forward: in the model's dtype, or (upcast=True,
     as Beam does) after .float(); the config may name it or not."""

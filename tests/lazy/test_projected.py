@@ -396,3 +396,52 @@ def test_projected_refuses_a_hidden_size_of_0_and_options_that_are_not_numbers()
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match=r"projected: hidden size 0"):
         lmmetrics.projected(torch.zeros(2, 0), torch.zeros(5, 0))
+
+
+def _log_softmax_exact(z):
+    """log-softmax in float64 taken relative to each row's max (z - max is
+    exact): the helpers' logsumexp, added back to a max of 1e17, rounds
+    the log of the mass away as the merge did."""
+    d = z - z.max(-1, keepdims=True)
+    return d - np.log(np.exp(d).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("route", ["host", "cuda path"])
+def test_vocabulary_blocks_of_huge_logits_keep_their_ties(monkeypatch, route):
+    """Found by an adversarial review of the block path: each block's
+    logsumexp was held as one float64, its largest logit plus the log of
+    its mass beyond it, which past 2**53 times that log is the logit alone:
+    logits of 1e17 (three tied maxima, two in the first block, one in the
+    second) gave an NLL of 0 and an entropy of ln 2 where both are ln 3. The
+    numbers are float64's on the materialized logits (relative to each
+    row's max), with a reference (its NLL, the KL) and without."""
+    if route == "cuda path":
+        torch = pytest.importorskip("torch")
+        from lmmetrics._engine import inputs as _inputs
+
+        monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+        monkeypatch.setenv("LMMETRICS_TRITON", "0")
+        wrap = torch.from_numpy
+    else:
+        wrap = np.asarray
+    V = 1024
+    rows = np.arange(4)
+    for big in (1e17, 1e30, -1e30):
+        h = np.array([[big], [big], [1.0], [big]], np.float32)
+        w = np.full((V, 1), 0.5, np.float32)
+        w[[3, 100, 600]] = 1.0
+        w[900] = 0.25
+        t = np.array([600, 3, 5, 900])
+        z = h.astype(np.float64) @ w.T.astype(np.float64)
+        lz, lr = _log_softmax_exact(z), _log_softmax_exact(z[::-1])
+        lazy = lmmetrics.projected(wrap(h), wrap(w), chunk_bytes=2 * 512 * 4)
+        lazy_ref = lmmetrics.projected(wrap(h[::-1].copy()), wrap(w))
+        got = lmmetrics._engine.run(lazy, t, lazy_ref, nll=True, entropy=True, top_logprob=True, kl=True,
+                                    ref_nll=True)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = dict(nll=-lz[rows, t], entropy=-(np.exp(lz) * lz).sum(1), top_logprob=lz.max(1),
+                        ref_nll=-lr[rows, t], kl=(np.exp(lr) * (lr - lz)).sum(1))
+        for name, v in want.items():
+            np.testing.assert_allclose(getattr(got, name), v, rtol=2e-6, atol=2e-6, err_msg=f"{name} {big}")
+        if big > 0:
+            assert got.nll[0] == pytest.approx(math.log(3))

@@ -7,7 +7,8 @@ and dropped. Where whole rows do not fit the budget 2048 at a time, a chunk
 is cut into tiles of rows x a vocabulary block, and the blocks' results are
 merged exactly in float64: each block's logsumexp is its largest logit
 less its top log-probability (the reference's: its NLL at its own largest
-logit, the tile's targets, plus that logit), the entropy is the mixture's, the KL weights
+logit, the tile's targets, plus that logit), held as that logit and the
+rest and merged relative to the row's largest (`_merge_lse`), the entropy is the mixture's, the KL weights
 each block's by the reference's share, the argmax is the first of the
 largest, the top token's log-probability the largest of the blocks' (each
 moved by its block's share of the mass), and the rank (the logits above
@@ -254,7 +255,7 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
         import torch
 
         xp = torch
-    blocks: Dict[str, List[Any]] = {k: [] for k in ("lse", "ent", "amv", "am", "rlse", "kl", "ramv", "ram", "top")}
+    blocks: Dict[str, List[Any]] = {k: [] for k in ("rel", "ent", "amv", "am", "rmax", "rrel", "kl", "ramv", "ram")}
     want_rank = "rank" in want and t is not None
     above = _zeros(n, np.int64, dev)
     thr = _target_logits(logits, sel, _need_targets(t), lead, block, cap, dev) if want_rank else _zeros(n, dev=dev)
@@ -272,7 +273,11 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
         if dev is not None:  # the tile's values and flags stay on the device
             res = _launch(z, r, col0, 0.0, kw, anchor if r is not None else None)
             floats: Callable[[Any], Any] = lambda name: res[layout.row(name)]  # noqa: E731
-            indices: Callable[[Any], Any] = lambda name: res[layout.row(name)].long()  # noqa: E731
+            # (a flagged row's index, a NaN row's, may lie past the tile: the
+            # Triton kernel gives 1 in a tile one column wide; read in the
+            # tile, it is done again whole)
+            indices: Callable[[Any], Any] = lambda name: res[layout.row(name)].long().clamp_(  # noqa: E731
+                0, cols.stop - cols.start - 1)
         else:
             try:
                 part = _run_tile(z, r, anchor, threads, kw)
@@ -294,15 +299,12 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
         else:
             massless[0] &= none
             massless[1] &= rnone
-        with np.errstate(invalid="ignore"):  # inf - inf: the row is done again whole
-            blocks["lse"].append(xp.where(none, -math.inf, amv - floats("top_logprob")))
+        blocks["amv"].append(amv)  # the block's largest value, -inf without mass
+        blocks["rel"].append(xp.where(none, 0.0, -floats("top_logprob")))  # its logsumexp less amv
         if "entropy" in want:
             blocks["ent"].append(xp.where(none, 0.0, floats("entropy")))
         if "argmax" in want:
             blocks["am"].append(am + j)
-            blocks["amv"].append(amv)
-        if "top_logprob" in want:
-            blocks["top"].append(xp.where(none, -math.inf, floats("top_logprob")))
         if t is not None:
             inb = np.flatnonzero((t >= cols.start) & (t < cols.stop))
             _set(zt, inb, _at(z, inb, t[inb] - j, dev))
@@ -310,8 +312,8 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
             _set(thr, inb, zt[_index(inb, dev)])
             above += _count_before(z, thr, _need_targets(t) - j)
         if ref:
-            with np.errstate(invalid="ignore"):
-                blocks["rlse"].append(xp.where(rnone, -math.inf, floats("ref_nll") + rmax))
+            blocks["rmax"].append(xp.where(rnone, -math.inf, rmax))
+            blocks["rrel"].append(xp.where(rnone, 0.0, floats("ref_nll")))
             if "kl" in want:  # (the model's block without mass, the reference's with: inf, by its share)
                 blocks["kl"].append(xp.where(none | rnone, 0.0, floats("kl")))
             if "argmax" in want:
@@ -321,25 +323,26 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
             if t is not None:
                 _set(rt, inb, _at(r, inb, t[inb] - j, dev))
         z = r = None  # (freed before the next tile is computed: one tile's memory at a time)
-    lse, lw = _merge_lse(blocks["lse"], xp)
-    redo |= ~xp.isfinite(lse)
+    top, rel, lw = _merge_lse(blocks["amv"], blocks["rel"], xp)
+    with np.errstate(invalid="ignore"):  # (inf - inf: the row is done again whole)
+        redo |= ~xp.isfinite(top + rel)
     merged: Dict[str, Any] = {}
     if t is not None and out.nll is not None:
-        merged["nll"] = lse - zt
+        merged["nll"] = (top - zt) + rel
     if "entropy" in want:  # H = sum_b w_b (H_b - ln w_b), w_b the block's share of the mass
         merged["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)], xp)
     if "argmax" in want:
         merged["argmax"] = _take_best(blocks["amv"], blocks["am"], xp)
-    if "top_logprob" in want:  # max_b (M_b - lse_b) + (lse_b - lse) = M - lse
-        with np.errstate(invalid="ignore"):
-            merged["top_logprob"] = xp.clip(xp.amax(xp.stack(blocks["top"]) + xp.stack(lw), 0), None, 0.0)
+    if "top_logprob" in want:  # M - lse
+        merged["top_logprob"] = xp.clip(-rel, None, 0.0)
     if want_rank:
         merged["rank"] = above
     if ref:
-        rlse, rlw = _merge_lse(blocks["rlse"], xp)
-        redo |= ~xp.isfinite(rlse)
+        rtop, rrel, rlw = _merge_lse(blocks["rmax"], blocks["rrel"], xp)
+        with np.errstate(invalid="ignore"):
+            redo |= ~xp.isfinite(rtop + rrel)
         if t is not None and out.ref_nll is not None:
-            merged["ref_nll"] = rlse - rt
+            merged["ref_nll"] = (rtop - rt) + rrel
         if "kl" in want:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
             with np.errstate(invalid="ignore"):  # (-inf - -inf: a block without mass on both sides, weight 0)
                 merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
@@ -529,18 +532,22 @@ def _count_before(z: Any, thr: Any, at: I64Array) -> Any:
 # tile's values on its device; the same float64 operations in the same order
 # (a sum over blocks one block after the other, as numpy's sum over axis 0).
 
-def _merge_lse(parts: List[Any], xp: Any = np) -> Tuple[Any, List[Any]]:
-    """The logsumexp over blocks of the blocks' logsumexps, and each block's
-    ln share of the mass (lse_b - lse)."""
-    stack = xp.stack(parts)
+def _merge_lse(maxes: List[Any], rels: List[Any], xp: Any = np) -> Tuple[Any, Any, List[Any]]:
+    """The logsumexp over blocks of the blocks' logsumexps, each given as its
+    largest value M_b (-inf: no mass) and the rest, s_b = lse_b - M_b: the
+    largest value M, the rest s of the whole (lse = M + s), and each
+    block's ln share of the mass, lse_b - lse = (M_b - M) + (s_b - s). Never
+    summed: past 2**53 times s_b, M_b + s_b is M_b, and a row of logits of
+    1e17 lost its ties (the NLL of a target among three tied maxima in two
+    blocks was 0, not ln 3)."""
     with np.errstate(all="ignore"):
-        m = xp.amax(stack, 0)
-        shares = xp.exp(stack - m)
-        total = shares[0]
-        for s in shares[1:]:
-            total = total + s
-        lse = m + xp.log(total)
-        return lse, list(stack - lse)
+        m = xp.amax(xp.stack(maxes), 0)
+        offsets = [(mb - m) + sb for mb, sb in zip(maxes, rels)]
+        total = xp.exp(offsets[0])
+        for o in offsets[1:]:
+            total = total + xp.exp(o)
+        rest = xp.log(total)
+        return m, rest, [o - rest for o in offsets]
 
 
 def _weighted(log_shares: List[Any], values: List[Any], xp: Any = np) -> Any:

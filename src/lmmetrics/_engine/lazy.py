@@ -458,7 +458,9 @@ def model_logits(model: Any, input_ids: Any, attention_mask: Any = None, *, chec
     ------
     TypeError
         The model has no output head, its weight is not in memory (on the
-        meta device: offloaded), or its forward does not call the head.
+        meta device: offloaded), its forward does not call the head, or it
+        is an encoder-decoder model (T5, BART: its decoder reads the ids
+        shifted right, so its logits are not a causal LM's).
     ValueError
         The lazy logits disagree with the model's own logits (an
         architecture with an output transform this function does not know),
@@ -493,6 +495,14 @@ def _model_logits(model: Any, input_ids: Any, attention_mask: Any, check: bool, 
     import torch
 
     name = type(model).__name__
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
+        # (BART's forward on input_ids alone runs, and its logits at t
+        # predict input_ids[t]: scored with shift=True, as a causal LM's
+        # lazy logits are, a plausible wrong number)
+        raise TypeError(f"model_logits: {name} is an encoder-decoder model (config.is_encoder_decoder): its "
+                        f"decoder reads the ids shifted right, so its logits at position t predict the token at "
+                        f"t, not the next one; pass a causal LM (...ForCausalLM), or score model(input_ids, "
+                        f"labels=labels).logits against the labels with shift=False")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not isinstance(head, torch.nn.Module):
