@@ -25,7 +25,7 @@ from .evaluation import Evaluator, Metrics, evaluate, evaluate_bpb
 from .tokens import token_bytes
 from .windows import sliding_window_nll
 from .text import text_metrics
-from .metrics import (bits_per_byte, bits_per_character, bits_per_token, cross_entropy, kl_divergence,
+from .metrics import (Deferred, bits_per_byte, bits_per_character, bits_per_token, cross_entropy, kl_divergence,
                       loglikelihood, perplexity, token_entropy, token_kl, token_nll)
 from .ranking import (Calibration, calibration, expected_calibration_error, mean_reciprocal_rank, token_confidence,
                       token_rank, top_k_accuracy)
@@ -33,7 +33,7 @@ from .ranking import (Calibration, calibration, expected_calibration_error, mean
 _apply_env_isa()
 
 __all__ = [
-    "__version__", "show_config", "token_nll", "cross_entropy", "perplexity", "bits_per_token",
+    "__version__", "show_config", "token_nll", "cross_entropy", "perplexity", "bits_per_token", "Deferred",
     "bits_per_byte", "bits_per_character", "token_entropy", "token_kl", "kl_divergence",
     "loglikelihood",
     "evaluate", "Evaluator", "Metrics", "Documents", "evaluate_bpb", "compare", "Comparison", "Estimate",

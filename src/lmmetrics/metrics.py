@@ -18,7 +18,7 @@ detached, and no gradient flows to the results.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Optional, Tuple, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,110 @@ def _mean(total: float, count: int) -> float:
 def _check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+class Deferred:
+    """A metric launched on a CUDA device and not waited for (``sync=False``).
+
+    The call queued the pass and returned: the host goes on while the
+    device computes. ``float(d)`` (or ``d.item()``) waits for the pass
+    once and gives exactly what the call with ``sync=True`` returns; a bad
+    target or NaN row raises there, as that call raises it, and again at
+    every later read. ``d.value`` is the value as a 0-d float64 tensor on
+    the logits' device, computed there from the pass's per-row results
+    with no wait (for a training loop that logs it later, or adds it up on
+    the device); it is NaN where the call raises, and also where a row
+    holds +inf logits (the host's exact path has that row: ``float(d)``).
+    It is summed by torch, so its last bits may differ from ``float(d)``.
+    Logits the call computes on the host (numpy, CPU tensors, lazy
+    logits) are done in the call, which raises their errors; ``d`` then
+    holds the value (``d.value``: a 0-d tensor on their device, numpy's
+    float64 for numpy logits).
+
+    Examples
+    --------
+    >>> import torch, lmmetrics
+    >>> logits = torch.zeros(4, 10)                     # uniform over 10 tokens
+    >>> d = lmmetrics.perplexity(logits, torch.tensor([1, 2, 3, 4]), sync=False)
+    >>> round(float(d), 6), d.value.dtype
+    (10.0, torch.float64)
+    """
+
+    __slots__ = ("_res", "_host", "_device", "_value", "_error", "_there")
+
+    def __init__(self, res: _engine.RowResults, host: Callable[[float, int], float],
+                 device: Callable[[Any, Any], Any]) -> None:
+        self._res = res
+        self._host = host      # (NLL sum, count) -> the value
+        self._device = device  # the same over 0-d tensors
+        self._value: Optional[float] = None
+        self._error: Optional[BaseException] = None
+        self._there: Optional[torch.Tensor] = None  # the value on the device, once asked
+
+    def result(self) -> float:
+        """The value: waits for the device once; raises the call's error."""
+        if self._error is not None:
+            raise self._error
+        if self._value is None:
+            try:
+                res = self._res.finish()
+            except Exception as e:
+                self._error = e
+                raise
+            self._value = self._host(res.nll_sum, res.n_counted)
+        return self._value
+
+    __float__ = result
+    item = result
+
+    @property
+    def value(self) -> Union[torch.Tensor, np.float64]:
+        """The value on the logits' device, a 0-d float64 tensor, with no
+        wait (NaN where ``float()`` raises or takes a row of +inf logits
+        through the exact path)."""
+        if self._there is None:
+            on = _engine.device_nll_total(self._res)
+            if on is not None:  # (queued once, on the first read)
+                self._there = cast("torch.Tensor", self._device(*on))
+        if self._there is not None:
+            return self._there
+        if self._res.device is None:
+            host: np.float64 = np.float64(self.result())
+            return host
+        import torch
+
+        held: torch.Tensor = torch.tensor(self.result(), dtype=torch.float64, device=self._res.device)
+        return held
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            return f"Deferred(error={self._error!r})"
+        return "Deferred(pending)" if self._value is None and self._res.pending is not None else \
+            f"Deferred({self.result()!r})"
+
+
+def _check_sync(sync: object) -> bool:
+    if not isinstance(sync, (bool, np.bool_)):
+        raise TypeError(f"sync must be True or False, got {sync!r}")
+    return bool(sync)
+
+
+def _as_is(v: Any) -> Any:
+    return v
+
+
+def _deferred(logits: Any, targets: Any, reduction: str, options: Dict[str, Any],
+              host: Callable[[float], float] = _as_is, device: Callable[[Any], Any] = _as_is) -> Deferred:
+    """The NLL's mean or sum as a `Deferred` (a metric of it: host over
+    the float, device over the 0-d tensor): the pass on a CUDA device
+    launched and not waited for."""
+    if reduction == "none":
+        raise ValueError("sync=False gives a mean or a sum; reduction='none' returns per-token values (on the "
+                         "logits' device already): call it with sync=True")
+    res = _engine.run(logits, targets, nll=True, defer=True, **options)
+    if reduction == "sum":
+        return Deferred(res, lambda total, count: host(total), lambda total, count: device(total))
+    return Deferred(res, lambda total, count: host(_mean(total, count)), lambda total, count: device(total / count))
 
 
 # Per-position results follow the logits: a tensor for a tensor, numpy for
@@ -156,21 +260,24 @@ def token_nll(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, 
 
 @overload
 def cross_entropy(logits: Any, targets: Any, *, reduction: Literal["mean", "sum"] = ...,
-                  **options: Unpack[NllOptions]) -> float: ...
+                  sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> float: ...
+@overload
+def cross_entropy(logits: Any, targets: Any, *, reduction: Literal["mean", "sum"] = ...,
+                  sync: Literal[False], **options: Unpack[NllOptions]) -> Deferred: ...
 @overload
 def cross_entropy(logits: torch.Tensor, targets: Any, *, reduction: Literal["none"],
-                  **options: Unpack[NllOptions]) -> torch.Tensor: ...
+                  sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> torch.Tensor: ...
 @overload
 def cross_entropy(logits: NumpyLogits, targets: Any, *, reduction: Literal["none"],
-                  **options: Unpack[NllOptions]) -> FloatArray: ...
+                  sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> FloatArray: ...
 @overload
-def cross_entropy(logits: Any, targets: Any, *, reduction: str,
-                  **options: Unpack[NllOptions]) -> Union[float, FloatArray, torch.Tensor]: ...
+def cross_entropy(logits: Any, targets: Any, *, reduction: str, sync: bool = ...,
+                  **options: Unpack[NllOptions]) -> Union[float, FloatArray, torch.Tensor, Deferred]: ...
 
 
 def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_index: Optional[int] = -100,
                   shift: Optional[bool] = None, softcap: Optional[float] = None,
-                  num_threads: Optional[int] = None) -> Union[float, FloatArray, torch.Tensor]:
+                  num_threads: Optional[int] = None, sync: bool = True) -> Union[float, FloatArray, torch.Tensor, Deferred]:
     """Cross-entropy in nats, as ``torch.nn.functional.cross_entropy``.
 
     With ``shift=True`` it is the ``loss`` of a transformers causal LM given
@@ -208,12 +315,17 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     num_threads : int or None, default None
         CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
         (``OMP_NUM_THREADS``). The result does not depend on it.
+    sync : bool, default True
+        ``False``: launch the pass on a CUDA device and return a `Deferred`
+        at once, without waiting for the device (``float()`` of it waits and
+        raises the call's errors; its ``value`` is a 0-d tensor on the
+        device). The mean or sum only.
 
     Returns
     -------
-    float or numpy.ndarray or torch.Tensor
-        A Python float for ``"mean"`` and ``"sum"``; per-position values for
-        ``"none"``.
+    float or numpy.ndarray or torch.Tensor or Deferred
+        A Python float for ``"mean"`` and ``"sum"`` (a `Deferred` with
+        ``sync=False``); per-position values for ``"none"``.
 
     Raises
     ------
@@ -234,6 +346,9 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     0.916291
     """
     _check_reduction(reduction)
+    if not _check_sync(sync):
+        return _deferred(logits, targets, reduction, dict(ignore_index=ignore_index, shift=shift, softcap=softcap,
+                                                          num_threads=num_threads))
     if reduction != "none":
         plain = _engine.nll_total(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                                   num_threads=num_threads)
@@ -247,8 +362,15 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
     return _mean(res.nll_sum, res.n_counted)
 
 
+@overload
+def perplexity(logits: Any, targets: Any, *, sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> float: ...
+@overload
+def perplexity(logits: Any, targets: Any, *, sync: Literal[False], **options: Unpack[NllOptions]) -> Deferred: ...
+
+
 def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
-               softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
+               softcap: Optional[float] = None, num_threads: Optional[int] = None,
+               sync: bool = True) -> Union[float, Deferred]:
     """Perplexity: ``exp`` of the mean NLL over counted tokens.
 
     Parameters
@@ -279,12 +401,17 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
     num_threads : int or None, default None
         CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
         (``OMP_NUM_THREADS``). The result does not depend on it.
+    sync : bool, default True
+        ``False``: launch the pass on a CUDA device and return a `Deferred`
+        at once, without waiting for the device (``float()`` of it waits and
+        raises the call's errors; its ``value`` is a 0-d tensor on the
+        device). The mean or sum only.
 
     Returns
     -------
-    float
+    float or Deferred
         ``exp(cross_entropy(...))``; nan when no token is counted, inf when
-        the mean NLL passes ~709.78 nats.
+        the mean NLL passes ~709.78 nats. A `Deferred` with ``sync=False``.
 
     Raises
     ------
@@ -302,12 +429,22 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
     >>> round(lmmetrics.perplexity(logits, np.array([1, 2, 3, 4])), 6)
     10.0
     """
+    if not _check_sync(sync):
+        return _deferred(logits, targets, "mean", dict(ignore_index=ignore_index, shift=shift, softcap=softcap,
+                                                       num_threads=num_threads), exp, lambda v: v.exp())
     return exp(cross_entropy(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                              num_threads=num_threads))
 
 
+@overload
+def bits_per_token(logits: Any, targets: Any, *, sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> float: ...
+@overload
+def bits_per_token(logits: Any, targets: Any, *, sync: Literal[False], **options: Unpack[NllOptions]) -> Deferred: ...
+
+
 def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
-                   softcap: Optional[float] = None, num_threads: Optional[int] = None) -> float:
+                   softcap: Optional[float] = None, num_threads: Optional[int] = None,
+                   sync: bool = True) -> Union[float, Deferred]:
     """Mean NLL in bits: cross-entropy / ln 2.
 
     Parameters
@@ -338,11 +475,17 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -
     num_threads : int or None, default None
         CPU threads, in [1, 1024]; ``None`` uses the OpenMP default
         (``OMP_NUM_THREADS``). The result does not depend on it.
+    sync : bool, default True
+        ``False``: launch the pass on a CUDA device and return a `Deferred`
+        at once, without waiting for the device (``float()`` of it waits and
+        raises the call's errors; its ``value`` is a 0-d tensor on the
+        device). The mean or sum only.
 
     Returns
     -------
-    float
-        Bits per counted token; nan when no token is counted.
+    float or Deferred
+        Bits per counted token; nan when no token is counted. A `Deferred`
+        with ``sync=False``.
 
     Raises
     ------
@@ -360,8 +503,15 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -
     >>> round(lmmetrics.bits_per_token(logits, np.array([1, 2, 3, 4])), 6)
     4.0
     """
+    if not _check_sync(sync):
+        return _deferred(logits, targets, "mean", dict(ignore_index=ignore_index, shift=shift, softcap=softcap,
+                                                       num_threads=num_threads), _in_bits, _in_bits)
     return cross_entropy(logits, targets, ignore_index=ignore_index, shift=shift, softcap=softcap,
                          num_threads=num_threads) / LN2
+
+
+def _in_bits(nats: Any) -> Any:
+    return nats / LN2
 
 
 @overload

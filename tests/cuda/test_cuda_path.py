@@ -43,6 +43,13 @@ def small_chunks():
     lmmetrics.set_cuda_chunk_bytes(old)
 
 
+def _deferred_read(dev):
+    """A pass not waited for, as HostReads sees its one transfer: on a CUDA
+    device the copy was queued into page-locked memory at launch, so only
+    its ``.numpy()``; on routed CPU tensors ``.cpu().numpy()``."""
+    return ["numpy"] if dev.type == "cuda" else ["cpu", "numpy"]
+
+
 def _data(dev, dtype=torch.float32, shape=(4, 13), V=1000, seed=0):
     g = torch.Generator().manual_seed(seed)
     z = (torch.randn(*shape, V, generator=g) * 3).to(dtype)
@@ -640,9 +647,9 @@ def test_an_evaluator_on_a_device_waits_for_it_only_when_read(dev, monkeypatch):
     with reads as events:
         for k, (z, r, t) in enumerate(batches):
             ev.update(z, t, reference_logits=r)
-            assert events == ["cpu", "numpy"] * k and "updates_pending=1" in repr(ev), (k, events, repr(ev))
+            assert events == _deferred_read(dev) * k and "updates_pending=1" in repr(ev), (k, events, repr(ev))
         got = ev.compute().as_dict()
-    assert events == ["cpu", "numpy"] * 3, events
+    assert events == _deferred_read(dev) * 3, events
     want = lmmetrics.Evaluator(shift=True, top_k=(1, 5), calibration_bins=10)
     for z, r, t in batches:
         want.update(z.cpu().numpy(), t.cpu().numpy(), reference_logits=r.cpu().numpy())
@@ -785,7 +792,7 @@ def test_torchmetrics_classes_on_a_device_wait_for_it_only_when_computed(dev, mo
         for k, (z, _, t) in enumerate(batches):
             metric.update(z, t)
             ppl.update(z, t)
-            assert events == ["cpu", "numpy"] * 2 * max(1, k), (k, events)
+            assert events == _deferred_read(dev) * 2 * max(1, k), (k, events)
     want = lmmetrics.Evaluator(ignore_index=None)
     for z, _, t in batches:
         want.update(z.cpu().numpy(), t.cpu().numpy())
@@ -1005,3 +1012,89 @@ def test_logits_changed_before_their_batch_is_added_are_refused(dev):
         ev.compute()
     ev.update(z, t)  # unchanged after its update: added
     assert ev.compute().tokens == int((t.cpu() >= 0).sum())
+
+
+@pytest.mark.parametrize("triton_on", ["0", "1"], ids=["torch", "triton-on-a-gpu"])
+def test_sync_false_waits_for_nothing_until_read(dev, monkeypatch, triton_on):
+    """cross_entropy, perplexity and bits_per_token with sync=False launch
+    the pass and return, reading nothing on the host (nor does ``.value``,
+    computed on the device); ``float()`` reads once and equals the
+    synchronous call bit for bit, and float64 torch; shift=True with
+    Hugging Face labels."""
+    monkeypatch.setenv("LMMETRICS_TRITON", triton_on)  # (routed CPU tensors: the torch path either way)
+    z, _, t = _data(dev, shape=(3, 11))
+    labels = t.clone()
+    labels[:, 0] = 5
+    ref = F.cross_entropy(z[:, :-1].double().reshape(-1, z.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+    ref_sum = F.cross_entropy(z[:, :-1].double().reshape(-1, z.shape[-1]), labels[:, 1:].reshape(-1),
+                              ignore_index=-100, reduction="sum")
+    cases = [(lmmetrics.cross_entropy, {}, float(ref)), (lmmetrics.cross_entropy, {"reduction": "sum"}, float(ref_sum)),
+             (lmmetrics.perplexity, {}, math.exp(ref)), (lmmetrics.bits_per_token, {}, float(ref) / math.log(2))]
+    reads = HostReads(monkeypatch)
+    for fn, kw, want in cases:
+        with reads as events:
+            d = fn(z, labels, shift=True, sync=False, **kw)
+            value = d.value
+            assert events == [] and "pending" in repr(d), (fn, events)
+            got = float(d)
+            assert events == _deferred_read(dev), events
+        assert isinstance(d, lmmetrics.Deferred) and got == d.item() == d.result()
+        assert got == fn(z, labels, shift=True, **kw)  # (the synchronous call's bits)
+        assert got == pytest.approx(want, rel=2e-6)  # (float32 logits: 2e-6 a token)
+        assert value.dtype == torch.float64 and value.shape == () and value.device == z.device
+        assert float(value.cpu()) == pytest.approx(got, rel=1e-12), fn
+        assert d.value is value and repr(d) == f"Deferred({got!r})"
+
+
+def test_sync_false_raises_when_read(dev, monkeypatch):
+    """A bad row or target found by a pass launched with sync=False: the call
+    returns, ``.value`` is NaN, and every ``float()`` raises what the
+    synchronous call raises (named in the unshifted inputs); a row of +inf
+    logits: ``.value`` NaN, ``float()`` the exact path's value."""
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    z, _, t = _data(dev, shape=(3, 11))
+    bad = z.clone()
+    bad[1, 4, 9] = math.nan
+    d = lmmetrics.cross_entropy(bad, t, shift=True, sync=False)
+    assert torch.isnan(d.value)
+    with pytest.raises(ValueError, match=r"NaN in logits at row 15 \(position \(1, 4\)\)") as first:
+        lmmetrics.cross_entropy(bad, t, shift=True)
+    for _ in range(2):
+        with pytest.raises(ValueError) as e:
+            float(d)
+        assert str(e.value) == str(first.value)
+    assert "error=" in repr(d)
+    far = t.clone()
+    far[2, 6] = 5000
+    d = lmmetrics.perplexity(z, far, shift=True, sync=False)
+    assert torch.isnan(d.value)
+    with pytest.raises(ValueError, match=r"target 5000 at position \(2, 6\)"):
+        d.item()
+    inf = z.clone()
+    inf[0, 2, 3] = math.inf
+    t2 = t.clone()
+    t2[0, 2] = 3
+    d = lmmetrics.cross_entropy(inf, t2, sync=False)
+    assert torch.isnan(d.value)
+    want = lmmetrics.cross_entropy(inf.cpu().numpy(), t2.cpu().numpy())
+    assert float(d) == lmmetrics.cross_entropy(inf, t2) == pytest.approx(want, rel=2e-6) and math.isfinite(want)
+
+
+def test_sync_false_on_the_host_and_its_misuse():
+    """Logits computed on the host with sync=False: done in the call (its
+    errors raised there), the value held; reduction='none' and a sync that
+    is not a bool are errors."""
+    z = np.random.default_rng(3).standard_normal((5, 40)).astype(np.float32)
+    t = np.array([1, 2, -100, 39, 0])
+    want = float(F.cross_entropy(torch.from_numpy(z).double(), torch.from_numpy(t), ignore_index=-100))
+    d = lmmetrics.cross_entropy(z, t, sync=False)
+    assert float(d) == pytest.approx(want, rel=2e-6) and type(d.value) is np.float64 and d.value == float(d)
+    dt = lmmetrics.cross_entropy(torch.from_numpy(z), torch.from_numpy(t), sync=False)
+    assert dt.value.dtype == torch.float64 and float(dt.value) == float(d)
+    z[3, 5] = np.nan
+    with pytest.raises(ValueError, match="NaN in logits at row 3"):
+        lmmetrics.cross_entropy(z, t, sync=False)
+    with pytest.raises(ValueError, match="reduction='none'"):
+        lmmetrics.cross_entropy(z, t, reduction="none", sync=False)
+    with pytest.raises(TypeError, match="sync must be True or False"):
+        lmmetrics.perplexity(z, t, sync="no")

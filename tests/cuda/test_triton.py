@@ -840,6 +840,59 @@ def _stubbed_driver():
     return launches
 
 
+def group_sync_false():
+    """cross_entropy / perplexity with sync=False on the Triton path: the two
+    launches and no host read in the call nor in ``.value`` (summed on the
+    device from the kernel's flags and values); ``float()`` reads once and
+    gives the synchronous call's bits, ``.value`` the same to float64
+    rounding; a target out of range or a NaN row: ``.value`` NaN,
+    ``float()`` raises as the synchronous call does; a +inf row: ``.value``
+    NaN, ``float()`` the exact path's value."""
+    import torch
+
+    from helpers import HostReads
+    from lmmetrics._engine.cuda import triton as _triton
+
+    _route()
+    g = torch.Generator().manual_seed(8)
+    z = torch.randn(3, 9, 700, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 700, (3, 9), generator=g)
+    ids[1, 4] = -100
+    want = torch.nn.functional.cross_entropy(z[:, :-1].double().reshape(-1, 700), ids[:, 1:].reshape(-1),
+                                             ignore_index=-100)
+    with pytest.MonkeyPatch.context() as mp:
+        reads = HostReads(mp)
+        mp.setattr(_triton, "_spans", _Counted(_triton._spans, [], "tiles"))
+        for fn, of in ((lmmetrics.cross_entropy, float(want)), (lmmetrics.perplexity, math.exp(want))):
+            with reads as events:
+                d = fn(z, ids, shift=True, sync=False)
+                value = d.value
+                assert events == [], events
+                got = float(d)
+                assert events == ["cpu", "numpy"], events
+            assert got == fn(z, ids, shift=True) and got == pytest.approx(of, rel=2e-6)
+            assert float(value) == pytest.approx(got, rel=1e-12) and value.dtype == torch.float64
+        for t, at, match in ((ids.clone(), (2, 6), r"target 700 at position \(2, 6\)"),
+                             (ids, (1, 2), r"NaN in logits at row 11 \(position \(1, 2\)\)")):
+            bad = z.clone()
+            if t is ids:
+                bad[at] = math.nan
+            else:
+                t[at] = 700
+            d = lmmetrics.cross_entropy(bad, t, shift=True, sync=False)
+            assert torch.isnan(d.value)
+            for _ in range(2):
+                with pytest.raises(ValueError, match=match):
+                    float(d)
+        inf = z.clone()
+        inf[0, 2, 5] = math.inf
+        d = lmmetrics.cross_entropy(inf, ids, shift=True, sync=False)
+        assert torch.isnan(d.value)
+        assert float(d) == lmmetrics.cross_entropy(inf, ids, shift=True) == pytest.approx(
+            lmmetrics.cross_entropy(_np(inf), ids.numpy(), shift=True), rel=2e-6)
+    print("GROUP OK")
+
+
 def group_direct_launch():
     """Launches past Triton's binder (triton._run): on a stubbed driver, each
     later launch of a specialization hands the compiled kernel's launcher
@@ -1218,7 +1271,7 @@ def group_compile_sm90():
 @pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
                                    "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
                                    "group_rank_and_top_logprob", "group_one_transfer",
-                                   "group_targets_stay_on_the_device", "group_span_edges"])
+                                   "group_targets_stay_on_the_device", "group_span_edges", "group_sync_false"])
 def test_interpreted(group):
     _in_subprocess(group)
 

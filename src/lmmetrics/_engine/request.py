@@ -102,6 +102,9 @@ class RowResults:
     #: what completes a pass launched on a device and not waited for (None
     #: once the results are here): `finish`
     pending: Optional[Callable[[], None]] = field(default=None, init=False, repr=False)
+    #: a pass launched on a device and not waited for: its result buffer
+    #: there (`lmmetrics._engine.cuda.layout`), kept with the results
+    on_device: Any = field(default=None, init=False, repr=False)
 
     def finish(self) -> RowResults:
         """The results, once the pass that computes them has completed (a

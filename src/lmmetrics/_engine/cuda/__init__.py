@@ -25,7 +25,8 @@ from .torch_path import _chunk_exact, _compute_torch, _flat, _take
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CudaLogits", "compute", "describe", "exact_rows", "launch", "set_cuda_chunk_bytes", "settle"]
+__all__ = ["CudaLogits", "compute", "describe", "device_total", "exact_rows", "launch", "set_cuda_chunk_bytes",
+           "settle"]
 
 
 def describe(x: Any, name: str = "logits") -> CudaLogits:
@@ -112,6 +113,8 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     for what was queued on the stream after it."""
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
+    if defer:
+        out.on_device = res
     names, sent, at = _gathered(res, out, tgt is not None)
     early = _queued_copy(sent) if defer else None
     versions = _versions(lg, ref)
@@ -131,6 +134,24 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
             out.nll_sum = float(out.nll.sum())  # (np.sum's bits, past its Python wrapper)
 
     return finish
+
+
+def device_total(res: torch.Tensor, name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The sum of the per-row output name over a pass's counted rows and
+    their count, 0-d tensors (float64, int64) computed on its device from
+    its result buffer (`launch`), queued there with no wait. The sum is NaN
+    where a counted row is an error (named once the results are on the
+    host: `settle`) or one the exact path does again there (+inf logits).
+    Summed by torch: the host's sum of the same values may differ in its
+    last bits."""
+    import torch
+
+    flags = res[RES_FLAGS].to(torch.int64)  # (exact small integers in float64)
+    counted = (flags & F_COUNTED) != 0
+    values = res[row(name)]
+    total = torch.where(counted, values, 0.0).sum()
+    unsure = counted & (((flags & (ERRORS | F_OOB | SLOW)) != 0) | values.isnan())
+    return torch.where(unsure.any(), math.nan, total), counted.sum()
 
 
 def _versions(lg: CudaLogits, ref: Optional[CudaLogits]) -> Tuple[int, ...]:
