@@ -110,6 +110,28 @@ def _from_sentencepiece(sp: Any, size_hint: int) -> I64Array:
     return out
 
 
+def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
+    """A transformers tokenizer over a ``sentencepiece`` model (``sp_model``).
+    Its ids need not be the model's (PLBart's fairseq offset of 1, M2M100's
+    and Speech2Text's own vocabulary files, Bartpho's reduced one): each id
+    goes through its token to the piece of that text. Added tokens count
+    their text (0 when special); a token that is neither a piece nor an
+    added token counts 0, as an id with no token."""
+    sp = tok.sp_model
+    pieces = _from_sentencepiece(sp, 0)
+    added = getattr(tok, "added_tokens_decoder", {})
+    n = max([size_hint] + [i + 1 for i in added])
+    out = np.zeros(n, np.int64)
+    for i, token in enumerate(tok.convert_ids_to_tokens(list(range(n)))):
+        if i in added:
+            out[i] = 0 if getattr(added[i], "special", False) else _utf8_len(str(added[i]))
+        elif isinstance(token, str):
+            j = sp.piece_to_id(token)
+            if sp.id_to_piece(j) == token:
+                out[i] = pieces[j]
+    return out
+
+
 def _from_tiktoken(enc: Any) -> I64Array:
     n = int(enc.n_vocab)
     out = np.zeros(n, np.int64)
@@ -226,10 +248,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
         if hasattr(tokenizer, "backend_tokenizer"):
             out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
         elif hasattr(tokenizer, "sp_model"):
-            out = _from_sentencepiece(tokenizer.sp_model, size_hint)
-            for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items():
-                if i < out.shape[0]:
-                    out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
+            out = _from_sentencepiece_wrapper(tokenizer, size_hint)
         elif hasattr(tokenizer, "is_byte") and hasattr(tokenizer, "id_to_piece"):
             out = _from_sentencepiece(tokenizer, 0)
         elif _is_tokenizers(tokenizer):

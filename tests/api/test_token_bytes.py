@@ -159,6 +159,41 @@ def test_transformers_sentencepiece_backend(sp, tmp_path):
         assert table[sp.encode(text)].sum() == utf8(text)
 
 
+def sentencepiece_wrappers(sp, tmp_path):
+    """transformers tokenizers over a SentencePiece model whose ids are not
+    the model's: PLBart (fairseq's offset of 1), M2M100 and Speech2Text (a
+    vocab.json in fairseq's dictionary order), Bartpho (a dictionary of its
+    own)."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    model = tmp_path / "sp.model"
+    model.write_bytes(sp.serialized_model_proto())
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for p in reversed(pieces):
+        vocab.setdefault(p, len(vocab))
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "dict.txt").write_text("".join(f"{p} 1\n" for p in reversed(pieces)))
+    yield transformers.PLBartTokenizer(vocab_file=str(model))
+    for cls in (transformers.M2M100Tokenizer, transformers.Speech2TextTokenizer):
+        yield cls(vocab_file=str(tmp_path / "vocab.json"), spm_file=str(model))
+    yield transformers.BartphoTokenizer(vocab_file=str(model), monolingual_vocab_file=str(tmp_path / "dict.txt"))
+
+
+def test_transformers_sentencepiece_wrappers_with_their_own_ids(sp, tmp_path):
+    """The table is indexed by the tokenizer's ids, not by the SentencePiece
+    model's: read through the model's ids, every id had a neighbour's bytes."""
+    for tok in sentencepiece_wrappers(sp, tmp_path):
+        table = lmmetrics.token_bytes(tok)
+        assert table.shape == (len(tok),), type(tok).__name__
+        assert not table[tok.all_special_ids].any(), type(tok).__name__
+        for text in TEXTS:
+            ids = tok.encode(text, add_special_tokens=False)
+            assert tok.convert_ids_to_tokens(ids) == [sp.id_to_piece(i) for i in sp.encode(text)]
+            assert table[ids].sum() == utf8(text), (type(tok).__name__, text)
+
+
 # ----------------------------------------------------------------- tiktoken, sizes, errors
 
 def test_tiktoken_encoding():
@@ -169,7 +204,7 @@ def test_tiktoken_encoding():
     enc = tiktoken.Encoding("local", pat_str=r"""\s?\S+|\s+""", mergeable_ranks=ranks,
                             special_tokens={"<|eot|>": len(ranks)})
     table = lmmetrics.token_bytes(enc)
-    assert table.shape == (enc.n_vocab,) and table[enc.eot_token] == 0
+    assert table.shape == (enc.n_vocab,) and table[enc.encode_single_token("<|eot|>")] == 0
     for text in TEXTS:
         assert table[enc.encode(text)].sum() == utf8(text)
 
