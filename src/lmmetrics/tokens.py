@@ -56,7 +56,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
     the token text as is)."""
     spec = json.loads(tok.to_str())
-    kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer"))
+    kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer")) | _types(spec.get("normalizer"))
     model = spec.get("model") or {}
     byte_level = "ByteLevel" in kinds
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
@@ -92,7 +92,12 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         out[i] += boundary
     for i, t in added.items():  # added tokens match (and decode to) their own text
         out[i] = 0 if t.special else _utf8_len(t.content)
-    for i in special_ids:
+    # the model's unknown token stands for text it has no piece for: no bytes,
+    # as SentencePiece's, also where it is not an added token (by its text:
+    # a Unigram's unk_id may name a real piece, as transformers' XLM-R
+    # builds it over a vocabulary without fairseq's four tokens first)
+    unk = vocab.get(model.get("unk_token") or "")
+    for i in [*special_ids, *([] if unk is None else [unk])]:
         if 0 <= i < n:
             out[i] = 0
     return out
@@ -256,8 +261,9 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
         else:
             raise TypeError(
                 f"token_bytes: unsupported tokenizer {type(tokenizer).__name__}; expected a transformers "
-                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding "
-                f"or a nanochat tokenizer")
+                f"tokenizer over tokenizers (backend_tokenizer) or sentencepiece (sp_model), a "
+                f"tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding or a "
+                f"nanochat tokenizer")
         for i in special:
             if 0 <= i < out.shape[0]:
                 out[i] = 0

@@ -78,6 +78,41 @@ def test_byte_level_bpe_transformers(byte_level, text):
     assert table[[tok.bos_token_id] + ids + [tok.pad_token_id]].sum() == utf8(text)
 
 
+def test_byte_level_normalizer():
+    """tokenizers' ByteLevel normalizer (rather than its pre-tokenizer) maps
+    the bytes to the same characters: "Ġ" was 2 bytes, not a space."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.normalizer = normalizers.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    table = lmmetrics.token_bytes(tok)
+    for text in TEXTS:
+        ids = tok.encode(text).ids
+        assert "Ġ" in "".join(tok.encode(text).tokens)
+        assert table[ids].sum() == utf8(text)
+
+
+def test_unknown_token_of_a_raw_tokenizer_is_zero():
+    """The model's unknown token counts no bytes where it is not an added
+    token too (it counted the 5 bytes of "[UNK]"), as SentencePiece's."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    for model in (models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"),
+                  models.BPE({"a": 0, "b": 1, "[UNK]": 2}, [], unk_token="[UNK]")):
+        tok = tokenizers.Tokenizer(model)
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.decoder = decoders.WordPiece() if isinstance(model, models.WordPiece) else None
+        enc = tok.encode("ab x")
+        assert enc.ids[-1] == tok.token_to_id("[UNK]"), enc.tokens
+        table = lmmetrics.token_bytes(tok)
+        assert table[tok.token_to_id("[UNK]")] == 0 and sorted(table.tolist()) == [0, 1, 1]
+        assert table[enc.ids].sum() == 2
+
+
 def test_the_decode_recipe_is_wrong_for_byte_level(byte_level):
     """One token at a time, a token holding part of a character decodes to
     U+FFFD: the old README recipe overcounts."""
