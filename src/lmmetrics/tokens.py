@@ -200,7 +200,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     actually encoded: SentencePiece's dummy prefix (``add_dummy_prefix``, or
     Metaspace's ``prepend_scheme="first"``) adds a ``▁`` the text did not
     have (one byte more per encoded text), and a normalizer that rewrites the
-    text (NFKC, collapsing spaces) changes its byte count. An end-of-word
+    text (NFKC, collapsing spaces) changes its byte count. A pre-tokenizer
+    that drops whitespace (BERT's ``BertPreTokenizer``, ``Whitespace``,
+    ``WhitespaceSplit``) leaves it in no token: a WordPiece sum is the byte
+    length of the text without its whitespace (``"the fox"``: 6), and
+    XLM-R's (``WhitespaceSplit``, then ``▁``) counts each run of whitespace
+    as one space; so does an added token with ``lstrip`` or ``rstrip`` for
+    the whitespace it takes. An end-of-word
     suffix tokenizer drops the whitespace and splits off punctuation: its
     sum is the byte length of the text as it decodes (words and punctuation
     each followed by one space: ``"the fox, jumps. "``), one byte more than

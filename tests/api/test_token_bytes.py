@@ -229,6 +229,29 @@ def test_transformers_sentencepiece_wrappers_with_their_own_ids(sp, tmp_path):
             assert table[ids].sum() == utf8(text), (type(tok).__name__, text)
 
 
+def test_wordpiece_counts_no_whitespace():
+    """BERT's pre-tokenizer drops the whitespace, which no token holds: the
+    sum is the text's bytes without it, as documented; "##" is no byte."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+        vocab_size=400, special_tokens=["[UNK]", "[CLS]", "[SEP]"], show_progress=False))
+    table = lmmetrics.token_bytes(tok)
+    assert table[[tok.token_to_id(t) for t in ("[UNK]", "[CLS]", "[SEP]")]].tolist() == [0, 0, 0]
+    pieces = []
+    for text in ["The quickest brown foxes jumped.", "naïve cafés résumé\tЗдравствуйте,  мир!"]:
+        enc = tok.encode(text)
+        assert "[UNK]" not in enc.tokens
+        assert table[enc.ids].sum() == utf8("".join(text.split()))
+        pieces += enc.tokens
+    assert any(t.startswith("##") for t in pieces)
+
+
 # ----------------------------------------------------------------- tiktoken, sizes, errors
 
 def test_tiktoken_encoding():
