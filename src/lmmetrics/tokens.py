@@ -127,10 +127,15 @@ def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
     added = getattr(tok, "added_tokens_decoder", {})
     n = max([size_hint] + [i + 1 for i in added])
     out = np.zeros(n, np.int64)
-    for i, token in enumerate(tok.convert_ids_to_tokens(list(range(n)))):
+    for i in range(n):
         if i in added:
             out[i] = 0 if getattr(added[i], "special", False) else _utf8_len(str(added[i]))
-        elif isinstance(token, str):
+            continue
+        try:
+            token = tok.convert_ids_to_tokens(i)
+        except (IndexError, KeyError):  # a gap below an added token's id
+            continue
+        if isinstance(token, str):
             j = sp.piece_to_id(token)
             if sp.id_to_piece(j) == token:
                 out[i] = pieces[j]

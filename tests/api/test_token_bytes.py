@@ -252,6 +252,27 @@ def test_wordpiece_counts_no_whitespace():
     assert any(t.startswith("##") for t in pieces)
 
 
+def test_transformers_sentencepiece_added_token_past_a_gap(sp, tmp_path):
+    """An added token whose id leaves a gap after the model's pieces: the
+    gap's ids have no token (0), the added token its own entry."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import AddedToken
+
+    backend = getattr(transformers, "SentencePieceBackend", None)
+    if backend is None:
+        pytest.skip("no transformers.SentencePieceBackend")
+    path = tmp_path / "sp.model"
+    path.write_bytes(sp.serialized_model_proto())
+    tok = backend(vocab_file=str(path))
+    n = sp.get_piece_size()
+    tok.add_tokens([AddedToken("<near>", special=False)])
+    tok._added_tokens_decoder[n + 5] = AddedToken("<far>", special=False)
+    tok._added_tokens_encoder["<far>"] = n + 5
+    table = lmmetrics.token_bytes(tok)
+    assert table[n:].tolist() == [6, 0, 0, 0, 0, 5]
+    np.testing.assert_array_equal(table[:n], lmmetrics.token_bytes(sp))
+
+
 # ----------------------------------------------------------------- tiktoken, sizes, errors
 
 def test_tiktoken_encoding():
