@@ -56,7 +56,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
     the token text as is)."""
     spec = json.loads(tok.to_str())
-    kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer"))
+    kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer")) | _types(spec.get("normalizer"))
     model = spec.get("model") or {}
     byte_level = "ByteLevel" in kinds
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
@@ -92,7 +92,12 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         out[i] += boundary
     for i, t in added.items():  # added tokens match (and decode to) their own text
         out[i] = 0 if t.special else _utf8_len(t.content)
-    for i in special_ids:
+    # the model's unknown token stands for text it has no piece for: no bytes,
+    # as SentencePiece's, also where it is not an added token (by its text:
+    # a Unigram's unk_id may name a real piece, as transformers' XLM-R
+    # builds it over a vocabulary without fairseq's four tokens first)
+    unk = vocab.get(model.get("unk_token") or "")
+    for i in [*special_ids, *([] if unk is None else [unk])]:
         if 0 <= i < n:
             out[i] = 0
     return out
@@ -107,6 +112,33 @@ def _from_sentencepiece(sp: Any, size_hint: int) -> I64Array:
         if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
             continue
         out[i] = 1 if sp.is_byte(i) else _utf8_len(sp.id_to_piece(i).replace(_SPIECE_SPACE, " "))
+    return out
+
+
+def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
+    """A transformers tokenizer over a ``sentencepiece`` model (``sp_model``).
+    Its ids need not be the model's (PLBart's fairseq offset of 1, M2M100's
+    and Speech2Text's own vocabulary files, Bartpho's reduced one): each id
+    goes through its token to the piece of that text. Added tokens count
+    their text (0 when special); a token that is neither a piece nor an
+    added token counts 0, as an id with no token."""
+    sp = tok.sp_model
+    pieces = _from_sentencepiece(sp, 0)
+    added = getattr(tok, "added_tokens_decoder", {})
+    n = max([size_hint] + [i + 1 for i in added])
+    out = np.zeros(n, np.int64)
+    for i in range(n):
+        if i in added:
+            out[i] = 0 if getattr(added[i], "special", False) else _utf8_len(str(added[i]))
+            continue
+        try:
+            token = tok.convert_ids_to_tokens(i)
+        except (IndexError, KeyError):  # a gap below an added token's id
+            continue
+        if isinstance(token, str):
+            j = sp.piece_to_id(token)
+            if sp.id_to_piece(j) == token:
+                out[i] = pieces[j]
     return out
 
 
@@ -173,7 +205,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     actually encoded: SentencePiece's dummy prefix (``add_dummy_prefix``, or
     Metaspace's ``prepend_scheme="first"``) adds a ``▁`` the text did not
     have (one byte more per encoded text), and a normalizer that rewrites the
-    text (NFKC, collapsing spaces) changes its byte count. An end-of-word
+    text (NFKC, collapsing spaces) changes its byte count. A pre-tokenizer
+    that drops whitespace (BERT's ``BertPreTokenizer``, ``Whitespace``,
+    ``WhitespaceSplit``) leaves it in no token: a WordPiece sum is the byte
+    length of the text without its whitespace (``"the fox"``: 6), and
+    XLM-R's (``WhitespaceSplit``, then ``▁``) counts each run of whitespace
+    as one space; so does an added token with ``lstrip`` or ``rstrip`` for
+    the whitespace it takes. An end-of-word
     suffix tokenizer drops the whitespace and splits off punctuation: its
     sum is the byte length of the text as it decodes (words and punctuation
     each followed by one space: ``"the fox, jumps. "``), one byte more than
@@ -226,10 +264,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
         if hasattr(tokenizer, "backend_tokenizer"):
             out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
         elif hasattr(tokenizer, "sp_model"):
-            out = _from_sentencepiece(tokenizer.sp_model, size_hint)
-            for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items():
-                if i < out.shape[0]:
-                    out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
+            out = _from_sentencepiece_wrapper(tokenizer, size_hint)
         elif hasattr(tokenizer, "is_byte") and hasattr(tokenizer, "id_to_piece"):
             out = _from_sentencepiece(tokenizer, 0)
         elif _is_tokenizers(tokenizer):
@@ -237,8 +272,9 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
         else:
             raise TypeError(
                 f"token_bytes: unsupported tokenizer {type(tokenizer).__name__}; expected a transformers "
-                f"tokenizer, a tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding "
-                f"or a nanochat tokenizer")
+                f"tokenizer over tokenizers (backend_tokenizer) or sentencepiece (sp_model), a "
+                f"tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding or a "
+                f"nanochat tokenizer")
         for i in special:
             if 0 <= i < out.shape[0]:
                 out[i] = 0

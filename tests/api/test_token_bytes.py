@@ -78,6 +78,41 @@ def test_byte_level_bpe_transformers(byte_level, text):
     assert table[[tok.bos_token_id] + ids + [tok.pad_token_id]].sum() == utf8(text)
 
 
+def test_byte_level_normalizer():
+    """tokenizers' ByteLevel normalizer (rather than its pre-tokenizer) maps
+    the bytes to the same characters: "Ġ" was 2 bytes, not a space."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.normalizer = normalizers.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    table = lmmetrics.token_bytes(tok)
+    for text in TEXTS:
+        ids = tok.encode(text).ids
+        assert "Ġ" in "".join(tok.encode(text).tokens)
+        assert table[ids].sum() == utf8(text)
+
+
+def test_unknown_token_of_a_raw_tokenizer_is_zero():
+    """The model's unknown token counts no bytes where it is not an added
+    token too (it counted the 5 bytes of "[UNK]"), as SentencePiece's."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    for model in (models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"),
+                  models.BPE({"a": 0, "b": 1, "[UNK]": 2}, [], unk_token="[UNK]")):
+        tok = tokenizers.Tokenizer(model)
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.decoder = decoders.WordPiece() if isinstance(model, models.WordPiece) else None
+        enc = tok.encode("ab x")
+        assert enc.ids[-1] == tok.token_to_id("[UNK]"), enc.tokens
+        table = lmmetrics.token_bytes(tok)
+        assert table[tok.token_to_id("[UNK]")] == 0 and sorted(table.tolist()) == [0, 1, 1]
+        assert table[enc.ids].sum() == 2
+
+
 def test_the_decode_recipe_is_wrong_for_byte_level(byte_level):
     """One token at a time, a token holding part of a character decodes to
     U+FFFD: the old README recipe overcounts."""
@@ -159,6 +194,85 @@ def test_transformers_sentencepiece_backend(sp, tmp_path):
         assert table[sp.encode(text)].sum() == utf8(text)
 
 
+def sentencepiece_wrappers(sp, tmp_path):
+    """transformers tokenizers over a SentencePiece model whose ids are not
+    the model's: PLBart (fairseq's offset of 1), M2M100 and Speech2Text (a
+    vocab.json in fairseq's dictionary order), Bartpho (a dictionary of its
+    own)."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    model = tmp_path / "sp.model"
+    model.write_bytes(sp.serialized_model_proto())
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for p in reversed(pieces):
+        vocab.setdefault(p, len(vocab))
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "dict.txt").write_text("".join(f"{p} 1\n" for p in reversed(pieces)))
+    yield transformers.PLBartTokenizer(vocab_file=str(model))
+    for cls in (transformers.M2M100Tokenizer, transformers.Speech2TextTokenizer):
+        yield cls(vocab_file=str(tmp_path / "vocab.json"), spm_file=str(model))
+    yield transformers.BartphoTokenizer(vocab_file=str(model), monolingual_vocab_file=str(tmp_path / "dict.txt"))
+
+
+def test_transformers_sentencepiece_wrappers_with_their_own_ids(sp, tmp_path):
+    """The table is indexed by the tokenizer's ids, not by the SentencePiece
+    model's: read through the model's ids, every id had a neighbour's bytes."""
+    for tok in sentencepiece_wrappers(sp, tmp_path):
+        table = lmmetrics.token_bytes(tok)
+        assert table.shape == (len(tok),), type(tok).__name__
+        assert not table[tok.all_special_ids].any(), type(tok).__name__
+        for text in TEXTS:
+            ids = tok.encode(text, add_special_tokens=False)
+            assert tok.convert_ids_to_tokens(ids) == [sp.id_to_piece(i) for i in sp.encode(text)]
+            assert table[ids].sum() == utf8(text), (type(tok).__name__, text)
+
+
+def test_wordpiece_counts_no_whitespace():
+    """BERT's pre-tokenizer drops the whitespace, which no token holds: the
+    sum is the text's bytes without it, as documented; "##" is no byte."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+        vocab_size=400, special_tokens=["[UNK]", "[CLS]", "[SEP]"], show_progress=False))
+    table = lmmetrics.token_bytes(tok)
+    assert table[[tok.token_to_id(t) for t in ("[UNK]", "[CLS]", "[SEP]")]].tolist() == [0, 0, 0]
+    pieces = []
+    for text in ["The quickest brown foxes jumped.", "naïve cafés résumé\tЗдравствуйте,  мир!"]:
+        enc = tok.encode(text)
+        assert "[UNK]" not in enc.tokens
+        assert table[enc.ids].sum() == utf8("".join(text.split()))
+        pieces += enc.tokens
+    assert any(t.startswith("##") for t in pieces)
+
+
+def test_transformers_sentencepiece_added_token_past_a_gap(sp, tmp_path):
+    """An added token whose id leaves a gap after the model's pieces: the
+    gap's ids have no token (0), the added token its own entry."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import AddedToken
+
+    backend = getattr(transformers, "SentencePieceBackend", None)
+    if backend is None:
+        pytest.skip("no transformers.SentencePieceBackend")
+    path = tmp_path / "sp.model"
+    path.write_bytes(sp.serialized_model_proto())
+    tok = backend(vocab_file=str(path))
+    n = sp.get_piece_size()
+    tok.add_tokens([AddedToken("<near>", special=False)])
+    tok._added_tokens_decoder[n + 5] = AddedToken("<far>", special=False)
+    tok._added_tokens_encoder["<far>"] = n + 5
+    table = lmmetrics.token_bytes(tok)
+    assert table[n:].tolist() == [6, 0, 0, 0, 0, 5]
+    np.testing.assert_array_equal(table[:n], lmmetrics.token_bytes(sp))
+
+
 # ----------------------------------------------------------------- tiktoken, sizes, errors
 
 def test_tiktoken_encoding():
@@ -169,7 +283,7 @@ def test_tiktoken_encoding():
     enc = tiktoken.Encoding("local", pat_str=r"""\s?\S+|\s+""", mergeable_ranks=ranks,
                             special_tokens={"<|eot|>": len(ranks)})
     table = lmmetrics.token_bytes(enc)
-    assert table.shape == (enc.n_vocab,) and table[enc.eot_token] == 0
+    assert table.shape == (enc.n_vocab,) and table[enc.encode_single_token("<|eot|>")] == 0
     for text in TEXTS:
         assert table[enc.encode(text)].sum() == utf8(text)
 
