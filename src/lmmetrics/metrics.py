@@ -80,8 +80,11 @@ class Deferred:
     the logits' device, computed there from the pass's per-row results
     with no wait (for a training loop that logs it later, or adds it up on
     the device); it is NaN where the call raises, and also where a row
-    holds +inf logits (the host's exact path has that row: ``float(d)``).
-    It is summed by torch, so its last bits may differ from ``float(d)``.
+    holds +inf logits (the host's exact path has that row: ``float(d)``;
+    on the torch path, also a row whose NLL is not finite). It is summed
+    by torch, so its last bits may differ from ``float(d)``. Until
+    ``float(d)`` is read, ``d`` holds the logits (for that exact path):
+    keep ``d.value`` to hold the value only.
     Logits the call computes on the host (numpy, CPU tensors, lazy
     logits) are done in the call, which raises their errors; ``d`` then
     holds the value (``d.value``: a 0-d tensor on their device, numpy's
