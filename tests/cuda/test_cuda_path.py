@@ -1168,3 +1168,15 @@ def test_a_deferred_dropped_unread_frees_its_pass(dev):
             assert float(value) == pytest.approx(lmmetrics.cross_entropy(z, t, shift=shift), rel=1e-12)
     finally:
         gc.enable()
+
+
+def test_sync_as_a_bool_variable_has_an_overload():
+    """``sync=flag`` with flag a ``bool`` (not a literal) matches an overload
+    of each function taking sync (float or Deferred), as a type checker sees
+    it: with the literal overloads only, mypy found no variant for it."""
+    import typing
+
+    for fn in (lmmetrics.cross_entropy, lmmetrics.perplexity, lmmetrics.bits_per_token):
+        plain = [o for o in typing.get_overloads(fn) if o.__annotations__.get("sync") == "bool"
+                 and o.__annotations__["return"] == "Union[float, Deferred]"]
+        assert plain, fn.__name__
