@@ -80,8 +80,11 @@ class Deferred:
     the logits' device, computed there from the pass's per-row results
     with no wait (for a training loop that logs it later, or adds it up on
     the device); it is NaN where the call raises, and also where a row
-    holds +inf logits (the host's exact path has that row: ``float(d)``).
-    It is summed by torch, so its last bits may differ from ``float(d)``.
+    holds +inf logits (the host's exact path has that row: ``float(d)``;
+    on the torch path, also a row whose NLL is not finite). It is summed
+    by torch, so its last bits may differ from ``float(d)``. Until
+    ``float(d)`` is read, ``d`` holds the logits (for that exact path):
+    keep ``d.value`` to hold the value only.
     Logits the call computes on the host (numpy, CPU tensors, lazy
     logits) are done in the call, which raises their errors; ``d`` then
     holds the value (``d.value``: a 0-d tensor on their device, numpy's
@@ -265,6 +268,9 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: Literal["mean", "sum"
 def cross_entropy(logits: Any, targets: Any, *, reduction: Literal["mean", "sum"] = ...,
                   sync: Literal[False], **options: Unpack[NllOptions]) -> Deferred: ...
 @overload
+def cross_entropy(logits: Any, targets: Any, *, reduction: Literal["mean", "sum"] = ...,
+                  sync: bool, **options: Unpack[NllOptions]) -> Union[float, Deferred]: ...
+@overload
 def cross_entropy(logits: torch.Tensor, targets: Any, *, reduction: Literal["none"],
                   sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> torch.Tensor: ...
 @overload
@@ -366,6 +372,8 @@ def cross_entropy(logits: Any, targets: Any, *, reduction: str = "mean", ignore_
 def perplexity(logits: Any, targets: Any, *, sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> float: ...
 @overload
 def perplexity(logits: Any, targets: Any, *, sync: Literal[False], **options: Unpack[NllOptions]) -> Deferred: ...
+@overload
+def perplexity(logits: Any, targets: Any, *, sync: bool, **options: Unpack[NllOptions]) -> Union[float, Deferred]: ...
 
 
 def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,
@@ -440,6 +448,8 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
 def bits_per_token(logits: Any, targets: Any, *, sync: Literal[True] = ..., **options: Unpack[NllOptions]) -> float: ...
 @overload
 def bits_per_token(logits: Any, targets: Any, *, sync: Literal[False], **options: Unpack[NllOptions]) -> Deferred: ...
+@overload
+def bits_per_token(logits: Any, targets: Any, *, sync: bool, **options: Unpack[NllOptions]) -> Union[float, Deferred]: ...
 
 
 def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100, shift: Optional[bool] = None,

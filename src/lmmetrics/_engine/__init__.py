@@ -67,7 +67,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     out: RowResults = _unshifted(lambda: _pass(logits, targets, reference, ignore, cap, threads, want, defer))
     pending = out.pending
     if pending is not None:  # (a deferred pass raises when it completes)
-        out.pending = lambda: _unshifted(pending)
+        out.pending = lambda res: _unshifted(lambda: pending(res))
     return out
 
 

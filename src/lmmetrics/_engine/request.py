@@ -99,9 +99,10 @@ class RowResults:
     rank: Optional[I64Array] = None
     top_logprob: Optional[F64Array] = None
     _counted: Optional[BoolArray] = field(default=None, init=False, repr=False)
-    #: what completes a pass launched on a device and not waited for (None
-    #: once the results are here): `finish`
-    pending: Optional[Callable[[], None]] = field(default=None, init=False, repr=False)
+    #: what completes a pass launched on a device and not waited for, given
+    #: these results to fill (None once they are here; not holding them: a
+    #: pass dropped unread frees at once): `finish`
+    pending: Optional[Callable[[RowResults], None]] = field(default=None, init=False, repr=False)
     #: a pass launched on a device and not waited for: its result buffer
     #: there (`lmmetrics._engine.cuda.layout`), kept with the results
     on_device: Any = field(default=None, init=False, repr=False)
@@ -109,10 +110,14 @@ class RowResults:
     def finish(self) -> RowResults:
         """The results, once the pass that computes them has completed (a
         pass on a device launched without waiting for it completes here:
-        its one transfer, and its errors, naming the first bad row)."""
-        pending, self.pending = self.pending, None
+        its one transfer, and its errors, naming the first bad row). One
+        that does not complete (an error, or an interrupt during the wait)
+        is done again at the next call: the results are never left half
+        filled."""
+        pending = self.pending
         if pending is not None:
-            pending()
+            pending(self)
+            self.pending = None
         return self
 
     @property

@@ -101,10 +101,11 @@ def _triton_module() -> Any:
 
 
 def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets: Any, ignore_index: int,
-            cap: float, defer: bool = False) -> Callable[[], None]:
+            cap: float, defer: bool = False) -> Callable[[RowResults], None]:
     """Launch the pass over the CUDA tensors and the targets (as given: a
     tensor on the device stays there) for out's outputs (`launch`), and
-    return what completes it, the one wait for the device: its results
+    return what completes it, given out (not held by it: a pass dropped
+    unread frees at once), the one wait for the device: its results
     brought to the host once (`settle`: out's per-row arrays, targets,
     counted rows, NLL sum; the first bad row raises), the rows it could
     not certify done again by the exact path. With defer, on a CUDA
@@ -119,7 +120,7 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     early = _queued_copy(sent) if defer else None
     versions = _versions(lg, ref)
 
-    def finish() -> None:
+    def finish(into: RowResults) -> None:
         host = sent.cpu().numpy() if early is None else early()
 
         def redo(idx: I64Array) -> None:  # the rows the fast paths could not certify
@@ -127,11 +128,11 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
                 raise ValueError("the logits of this pass were changed in place before it completed; rows with "
                                  "+inf logits are read again then: keep the logits as they are until the results "
                                  "are read")
-            exact_rows(idx, lg, ref, out, cap, None if tgt is None else res[RES_TARGETS])
+            exact_rows(idx, lg, ref, into, cap, None if tgt is None else res[RES_TARGETS])
 
-        settle(res, out, None, lg.lead_shape, tgt, redo=redo, fetched=(names, host, at))
-        if out.nll is not None:
-            out.nll_sum = float(out.nll.sum())  # (np.sum's bits, past its Python wrapper)
+        settle(res, into, None, lg.lead_shape, tgt, redo=redo, fetched=(names, host, at))
+        if into.nll is not None:
+            into.nll_sum = float(into.nll.sum())  # (np.sum's bits, past its Python wrapper)
 
     return finish
 
