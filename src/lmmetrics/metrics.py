@@ -117,8 +117,8 @@ class Deferred:
         if self._value is None:
             try:
                 res = self._res.finish()
-            except Exception as e:
-                self._error = e
+            except Exception as e:  # (kept, and the pass let go: its logits with it)
+                self._error, self._res.pending = e, None
                 raise
             self._value = self._host(res.nll_sum, res.n_counted)
         return self._value
@@ -131,10 +131,8 @@ class Deferred:
         """The value on the logits' device, a 0-d float64 tensor, with no
         wait (NaN where ``float()`` raises or takes a row of +inf logits
         through the exact path)."""
-        if self._there is None:
-            on = _engine.device_nll_total(self._res)
-            if on is not None:  # (queued once, on the first read)
-                self._there = cast("torch.Tensor", self._device(*on))
+        if self._there is None:  # (queued once, on the first read)
+            self._there = cast("Optional[torch.Tensor]", _engine.device_nll_total(self._res, self._device))
         if self._there is not None:
             return self._there
         if self._res.device is None:

@@ -108,13 +108,13 @@ def nll_total(logits: Any, targets: Any, *, ignore_index: Optional[int], shift: 
     return _native.nll_total(z, t, ignore, threads)
 
 
-def device_nll_total(out: RowResults) -> Optional[Tuple[Any, Any]]:
-    """(NLL sum, tokens counted) of a pass launched on a device with defer,
-    as 0-d tensors there, queued with no wait (`cuda.device_total`: NaN
-    where the host's results will name an error or redo a row); None for a
-    pass done in the call (numpy, CPU tensors, lazy logits: its results are
-    on the host)."""
-    return None if out.on_device is None else _cuda.device_total(out.on_device, "nll")
+def device_nll_total(out: RowResults, of: Callable[[Any, Any], Any]) -> Any:
+    """of(NLL sum, tokens counted) of a pass launched on a device with
+    defer, over 0-d tensors there, queued with no wait on the pass's stream
+    (`cuda.device_total`: the sum NaN where the host's results will name an
+    error or redo a row); None for a pass done in the call (numpy, CPU
+    tensors, lazy logits: its results are on the host)."""
+    return None if out.on_device is None else _cuda.device_total(out.on_device, "nll", of)
 
 
 def _host_array(x: Any) -> Optional[np.ndarray[Any, Any]]:

@@ -5,6 +5,7 @@ paths cannot certify done again by the exact path (`exact_rows`). The
 buffer both write is described once, in `.layout`."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -114,8 +115,8 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     for what was queued on the stream after it."""
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
-    if defer:
-        out.on_device = res
+    if defer:  # (with the stream it is queued on: its value is computed there, after it)
+        out.on_device = (res, torch.cuda.current_stream(lg.keep.device) if lg.keep.device.type == "cuda" else None)
     names, sent, at = _gathered(res, out, tgt is not None)
     early = _queued_copy(sent) if defer else None
     versions = _versions(lg, ref)
@@ -137,22 +138,25 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     return finish
 
 
-def device_total(res: torch.Tensor, name: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The sum of the per-row output name over a pass's counted rows and
-    their count, 0-d tensors (float64, int64) computed on its device from
-    its result buffer (`launch`), queued there with no wait. The sum is NaN
-    where a counted row is an error (named once the results are on the
-    host: `settle`) or one the exact path does again there (+inf logits).
-    Summed by torch: the host's sum of the same values may differ in its
-    last bits."""
+def device_total(on_device: Tuple[torch.Tensor, Any], name: str, of: Callable[[Any, Any], Any]) -> Any:
+    """of(sum, count) of the per-row output name over a pass's counted rows,
+    0-d tensors (float64, int64) computed on its device from its result
+    buffer (`launch`), queued there with no wait, on the stream the pass
+    was queued on (on_device: the buffer and that stream, None off CUDA).
+    The sum is NaN where a counted row is an error (named once the results
+    are on the host: `settle`) or one the exact path does again there
+    (+inf logits). Summed by torch: the host's sum of the same values may
+    differ in its last bits."""
     import torch
 
-    flags = res[RES_FLAGS].to(torch.int64)  # (exact small integers in float64)
-    counted = (flags & F_COUNTED) != 0
-    values = res[row(name)]
-    total = torch.where(counted, values, 0.0).sum()
-    unsure = counted & (((flags & (ERRORS | F_OOB | SLOW)) != 0) | values.isnan())
-    return torch.where(unsure.any(), math.nan, total), counted.sum()
+    res, stream = on_device
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        flags = res[RES_FLAGS].to(torch.int64)  # (exact small integers in float64)
+        counted = (flags & F_COUNTED) != 0
+        values = res[row(name)]
+        total = torch.where(counted, values, 0.0).sum()
+        unsure = counted & (((flags & (ERRORS | F_OOB | SLOW)) != 0) | values.isnan())
+        return of(torch.where(unsure.any(), math.nan, total), counted.sum())
 
 
 def _versions(lg: CudaLogits, ref: Optional[CudaLogits]) -> Tuple[int, ...]:
