@@ -180,14 +180,20 @@ def test_transformers_over_a_sentencepiece_vocabulary(sp, text):
     np.testing.assert_array_equal(table, lmmetrics.token_bytes(sp))
 
 
-def test_transformers_sentencepiece_backend(sp, tmp_path):
+def _sentencepiece_backend(sp, tmp_path):
+    """transformers' SentencePieceBackend over the model sp (skips where
+    transformers or that class is absent)."""
     transformers = pytest.importorskip("transformers")
     backend = getattr(transformers, "SentencePieceBackend", None)
     if backend is None:
         pytest.skip("no transformers.SentencePieceBackend")
     path = tmp_path / "sp.model"
     path.write_bytes(sp.serialized_model_proto())
-    tok = backend(vocab_file=str(path))
+    return backend(vocab_file=str(path))
+
+
+def test_transformers_sentencepiece_backend(sp, tmp_path):
+    tok = _sentencepiece_backend(sp, tmp_path)
     table = lmmetrics.token_bytes(tok)
     assert table.shape == (len(tok),)
     for text in TEXTS:
@@ -255,15 +261,9 @@ def test_wordpiece_counts_no_whitespace():
 def test_transformers_sentencepiece_added_token_past_a_gap(sp, tmp_path):
     """An added token whose id leaves a gap after the model's pieces: the
     gap's ids have no token (0), the added token its own entry."""
-    transformers = pytest.importorskip("transformers")
+    tok = _sentencepiece_backend(sp, tmp_path)
     from tokenizers import AddedToken
 
-    backend = getattr(transformers, "SentencePieceBackend", None)
-    if backend is None:
-        pytest.skip("no transformers.SentencePieceBackend")
-    path = tmp_path / "sp.model"
-    path.write_bytes(sp.serialized_model_proto())
-    tok = backend(vocab_file=str(path))
     n = sp.get_piece_size()
     tok.add_tokens([AddedToken("<near>", special=False)])
     tok._added_tokens_decoder[n + 5] = AddedToken("<far>", special=False)
