@@ -48,7 +48,9 @@ def test_docstring_examples(test):
     for mod in OPTIONAL:
         if re.search(rf"\b(import|from) {mod}\b", source):
             pytest.importorskip(mod)
-    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    # (verbose=False: doctest reads -v from sys.argv, and a verbose runner
+    # writes "Trying:" into the output the example is checked against)
+    runner = doctest.DocTestRunner(verbose=False, optionflags=FLAGS)
     test.globs = dict(test.globs)
     runner.run(test, out=lambda s: print(s, end=""))
     assert runner.failures == 0, f"{test.name}: {runner.failures} example(s) failed (output above)"
