@@ -445,3 +445,36 @@ def test_vocabulary_blocks_of_huge_logits_keep_their_ties(monkeypatch, route):
             np.testing.assert_allclose(getattr(got, name), v, rtol=2e-6, atol=2e-6, err_msg=f"{name} {big}")
         if big > 0:
             assert got.nll[0] == pytest.approx(math.log(3))
+
+
+@pytest.mark.parametrize("route", ["host", "cuda path"])
+def test_a_rank_tied_across_vocabulary_blocks(monkeypatch, route):
+    """Found by an adversarial review of the block path: the target's logit
+    that earlier blocks are ranked against came from a matmul over the rows
+    whose target lies in its block, which rounds otherwise than the tiles
+    (1 row against many: numpy's BLAS), so a target tied with an earlier
+    block's logit (a duplicate head row, as untrained tokens have) ranked
+    one off. The ranks are those of the materialized logits (one matmul:
+    the tie exact), by the rank's rule counted in numpy."""
+    if route == "cuda path":
+        torch = pytest.importorskip("torch")
+        from lmmetrics._engine import inputs as _inputs
+
+        monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+        monkeypatch.setenv("LMMETRICS_TRITON", "0")
+        wrap = torch.from_numpy
+    else:
+        wrap = np.asarray
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((300, 64)).astype(np.float32)
+    w = rng.standard_normal((2000, 64)).astype(np.float32)
+    w[100] = w[1500]  # a duplicate head row: token 100's logit ties with token 1500's
+    t = np.full(300, 1500)
+    t[1::2] = rng.integers(0, 2000, 150)
+    z = h @ w.T
+    assert (z[:, 100] == z[:, 1500]).all()
+    zt = z[np.arange(300), t][:, None]
+    want = ((z > zt) | ((z == zt) & (np.arange(2000) < t[:, None]))).sum(1)
+    for chunk in (None, 3 * 520 * 4):  # whole rows, and vocabulary blocks of 520
+        got = lmmetrics.token_rank(lmmetrics.projected(wrap(h), wrap(w), chunk_bytes=chunk), wrap(t))
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=str(chunk))

@@ -14,8 +14,8 @@ largest, the top token's log-probability the largest of the blocks' (each
 moved by its block's share of the mass), and the rank (the logits above
 the target's, and those tied with it at a lower index) the sum of the
 blocks' counts against the target's logit, which a first look at each
-row's target block gives (the block's own value where the target lies in
-it): a block before the target's counts its values >= it, a block after
+row's target block gives (that block's tile, all the chunk's rows: the
+bits the pass computes there, for ties across blocks): a block before the target's counts its values >= it, a block after
 it those above it, the target's own block splits at the target. A block
 where a row is all -inf (a -inf bias masking padded vocabulary entries)
 holds none of that row's mass and adds nothing to it. Rows the blocks
@@ -258,7 +258,7 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
     blocks: Dict[str, List[Any]] = {k: [] for k in ("rel", "ent", "amv", "am", "rmax", "rrel", "kl", "ramv", "ram")}
     want_rank = "rank" in want and t is not None
     above = _zeros(n, np.int64, dev)
-    thr = _target_logits(logits, sel, _need_targets(t), lead, block, cap, dev) if want_rank else _zeros(n, dev=dev)
+    thr = _target_logits(logits, sel, _need_targets(t), lead, block, V, cap, dev) if want_rank else _zeros(n, dev=dev)
     zt = _zeros(n, dev=dev)
     rt = _zeros(n, dev=dev)
     redo = _zeros(n, bool, dev)
@@ -490,17 +490,20 @@ def _need_targets(t: Optional[I64Array]) -> I64Array:
     return t
 
 
-def _target_logits(logits: Any, sel: I64Array, t: I64Array, lead: Tuple[int, ...], block: int,
+def _target_logits(logits: Any, sel: I64Array, t: I64Array, lead: Tuple[int, ...], block: int, n_cols: int,
                    cap: float, dev: Any = None) -> Any:
     """The targets' logits of rows sel, as float64 (numpy, or with dev a
-    tensor on that device): for each vocabulary block, the tile of the rows
-    whose target lies in it (one block a row)."""
+    tensor on that device): for each vocabulary block holding a target, the
+    tile of all the rows, as `_lazy_tiles` computes it (the same rows and
+    columns: the same bits, where a matmul over the rows whose target lies
+    there rounds otherwise, and a target tied with an earlier block's logit
+    in the materialized logits, a duplicate head row, ranked one off)."""
     zt = _zeros(sel.size, dev=dev)
     for j in range(0, t.size and int(t.max()) + 1, block):
         inb = np.flatnonzero((t >= j) & (t < j + block))
         if inb.size:
-            z = _take_rows(logits, sel[inb], lead, slice(j, j + block), cap)
-            _set(zt, inb, _at(z, np.arange(inb.size), t[inb] - j, dev))
+            z = _take_rows(logits, sel, lead, slice(j, min(n_cols, j + block)), cap)
+            _set(zt, inb, _at(z, inb, t[inb] - j, dev))
     return zt
 
 
