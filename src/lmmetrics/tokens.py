@@ -142,6 +142,20 @@ def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
     return out
 
 
+def _from_byte_ids(tok: Any, size_hint: int) -> I64Array:
+    """A transformers tokenizer whose ids stand for the 256 byte values,
+    after ``offset`` ids of its own (ByT5: pad, EOS, unknown, then one id a
+    byte, then its extra ids): a byte's id is one byte, an added token
+    counts its text (0 when special)."""
+    added = getattr(tok, "added_tokens_decoder", {})
+    n = max([size_hint, int(tok.offset) + int(tok._utf_vocab_size)] + [i + 1 for i in added])
+    out = np.zeros(n, np.int64)
+    out[int(tok.offset):int(tok.offset) + int(tok._utf_vocab_size)] = 1
+    for i, t in added.items():
+        out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
+    return out
+
+
 def _from_tiktoken(enc: Any) -> I64Array:
     n = int(enc.n_vocab)
     out = np.zeros(n, np.int64)
@@ -197,6 +211,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       text.
     * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
       wrapping one (``sp_model``).
+    * transformers' byte tokenizer (ByT5's): each byte's id is one byte.
     * tiktoken ``Encoding`` (``decode_single_token_bytes``).
     * nanochat's tokenizers: ``RustBPETokenizer`` (its tiktoken ``.enc``) and
       ``HuggingFaceTokenizer`` (its ``tokenizers.Tokenizer``, ``.tokenizer``).
@@ -265,6 +280,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
             out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
         elif hasattr(tokenizer, "sp_model"):
             out = _from_sentencepiece_wrapper(tokenizer, size_hint)
+        elif hasattr(tokenizer, "offset") and getattr(tokenizer, "_utf_vocab_size", None) == 256:
+            out = _from_byte_ids(tokenizer, size_hint)
         elif hasattr(tokenizer, "is_byte") and hasattr(tokenizer, "id_to_piece"):
             out = _from_sentencepiece(tokenizer, 0)
         elif _is_tokenizers(tokenizer):
@@ -272,7 +289,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
         else:
             raise TypeError(
                 f"token_bytes: unsupported tokenizer {type(tokenizer).__name__}; expected a transformers "
-                f"tokenizer over tokenizers (backend_tokenizer) or sentencepiece (sp_model), a "
+                f"tokenizer over tokenizers (backend_tokenizer) or sentencepiece (sp_model), ByT5's, a "
                 f"tokenizers.Tokenizer, a sentencepiece.SentencePieceProcessor, a tiktoken Encoding or a "
                 f"nanochat tokenizer")
         for i in special:

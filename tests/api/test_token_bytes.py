@@ -421,3 +421,21 @@ def test_nanochat_rustbpe_tokenizer():
     assert table.shape == (258,) and table[257] == 0
     for text in TEXTS:
         assert table[enc.encode_ordinary(text)].sum() == utf8(text)
+
+
+def test_byt5_bytes():
+    """ByT5's tokenizer (bytes as ids after pad, EOS and unknown; its extra
+    ids special): each byte's id is one byte, so an encoding sums to the
+    text's UTF-8 length (its EOS counts 0); a non-special added token counts
+    its text."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.ByT5Tokenizer()
+    table = lmmetrics.token_bytes(tok)
+    assert table.shape == (len(tok),)
+    for text in ("The quick brown fox", "héllo wörld ✓ 日本語 🙂", "a\nb\tc"):
+        ids = tok(text)["input_ids"]
+        assert ids[-1] == tok.eos_token_id and table[ids].sum() == len(text.encode("utf-8")), text
+    assert table[tok.pad_token_id] == table[tok.unk_token_id] == table[tok.convert_tokens_to_ids("<extra_id_0>")] == 0
+    tok.add_tokens(["<näh>"])
+    table = lmmetrics.token_bytes(tok, size=len(tok) + 4)
+    assert table[tok.convert_tokens_to_ids("<näh>")] == len("<näh>".encode()) and table[-4:].sum() == 0
