@@ -73,8 +73,9 @@ class Deferred:
     """A metric launched on a CUDA device and not waited for (``sync=False``).
 
     The call queued the pass and returned: the host goes on while the
-    device computes. ``float(d)`` (or ``d.item()``) waits for the pass
-    once and gives exactly what the call with ``sync=True`` returns; a bad
+    device computes. ``float(d)`` (or ``d.item()``, or formatting it:
+    ``f"{d:.4f}"``) waits for the pass once and gives exactly what the call
+    with ``sync=True`` returns; a bad
     target or NaN row raises there, as that call raises it, and again at
     every later read. ``d.value`` is the value as a 0-d float64 tensor on
     the logits' device, computed there from the pass's per-row results
@@ -125,6 +126,10 @@ class Deferred:
 
     __float__ = result
     item = result
+
+    def __format__(self, spec: str) -> str:
+        """The value formatted as a float (``f"{d:.4f}"``): a read, as ``float(d)``."""
+        return format(self.result(), spec)
 
     @property
     def value(self) -> Union[torch.Tensor, np.float64]:
