@@ -619,8 +619,9 @@ class Evaluator:
             return
         try:
             p.res.finish()
-        except ValueError as e:
-            self._errors.append((p.update, e))
+        except ValueError as e:  # (kept without the pass, nor its frames: they hold its logits)
+            p.res.pending = None
+            self._errors.append((p.update, _engine.let_go(e)))
         else:
             self._take(p.res, p.table, p.ref, p.docs)
         self._pending = None

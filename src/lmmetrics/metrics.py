@@ -114,13 +114,13 @@ class Deferred:
     def result(self) -> float:
         """The value: waits for the device once; raises the call's error."""
         if self._error is not None:
-            raise self._error
+            raise self._error.with_traceback(None)  # (this read's traceback, none kept)
         if self._value is None:
             try:
                 res = self._res.finish()
-            except Exception as e:  # (kept, and the pass let go: its logits with it)
-                self._error, self._res.pending = e, None
-                raise
+            except Exception as e:  # (kept, and the pass let go: its logits with it, and e's frames)
+                self._error, self._res.pending = _engine.let_go(e), None
+                raise self._error
             self._value = self._host(res.nll_sum, res.n_counted)
         return self._value
 

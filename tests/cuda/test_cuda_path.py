@@ -1181,3 +1181,37 @@ def test_sync_as_a_bool_variable_has_an_overload():
         plain = [o for o in typing.get_overloads(fn) if o.__annotations__.get("sync") == "bool"
                  and o.__annotations__["return"] == "Union[float, Deferred]"]
         assert plain, fn.__name__
+
+
+def test_a_failed_pass_kept_to_raise_later_lets_its_logits_go(dev):
+    """A Deferred whose read raised keeps its error for the later reads, and
+    an Evaluator the error of a batch it has drained for its next read, not
+    the logits: the error's traceback (and, with shift=True, that of the
+    error it was renamed from) held the frames of the pass that found it,
+    their logits with them (on a GPU, a batch of logits kept as long as the
+    Deferred is, or until the Evaluator is read). Every read still raises
+    the same message."""
+    import gc
+
+    def held(ptr):
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.data_ptr() == ptr]
+
+    z, _, t = _data(dev, shape=(3, 11))
+    for shift in (False, True):
+        bad = z.clone()
+        bad[1, 2, 9] = math.nan
+        ptr = bad.data_ptr()
+        d = lmmetrics.cross_entropy(bad, t, shift=shift, sync=False)
+        ev = lmmetrics.Evaluator(shift=shift)
+        ev.update(bad, t)
+        del bad
+        ev.update(z, t)  # (the failed batch drained, its error kept)
+        with pytest.raises(ValueError, match=r"NaN in logits at row 13 ") as first:
+            float(d)
+        del first
+        assert held(ptr) == [], shift
+        with pytest.raises(ValueError, match=r"NaN in logits at row 13 "):
+            float(d)
+        with pytest.raises(ValueError, match=r"^update 1 .*NaN in logits at row 13 "):
+            ev.compute()

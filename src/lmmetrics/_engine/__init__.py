@@ -28,6 +28,7 @@ from .checks import check_softcap as check_softcap
 from .checks import check_threads as check_threads
 from .chunked import run_lazy
 from .errors import RowError, TargetError
+from .errors import let_go as let_go
 from .inputs import is_torch, model_logits, shifted
 from .lazy import Projected
 from .request import RowResults as RowResults

@@ -2,13 +2,13 @@
 (`lmmetrics._engine.native`) and the CUDA path (`lmmetrics._engine.cuda`)."""
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
 from .._core import lm_status as Status
 
-__all__ = ["Status", "ROW_STATUSES", "RowError", "TargetError", "position", "row_error", "target_error"]
+__all__ = ["Status", "ROW_STATUSES", "RowError", "TargetError", "let_go", "position", "row_error", "target_error"]
 
 _ROW_MESSAGES = {
     Status.LM_ERR_NAN: "NaN in logits at row {row} (position {pos})",
@@ -17,6 +17,23 @@ _ROW_MESSAGES = {
     Status.LM_ERR_EMPTY_REF: "reference_logits row {row} (position {pos}) is all -inf: it holds no distribution",
 }
 ROW_STATUSES = frozenset(_ROW_MESSAGES)
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def let_go(e: _E) -> _E:
+    """e, kept to be raised again later, without the tracebacks of it and
+    of the errors it was raised from or while handling: their frames hold
+    what the pass read (its closure: a batch of logits), as long as e is
+    kept. Raised again, it has the traceback of where it is raised."""
+    seen = set()
+    at: Optional[BaseException] = e
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        at.__traceback__ = None
+        at = at.__cause__ or at.__context__
+    return e
 
 
 def position(i: int, lead_shape: Sequence[int]) -> Tuple[int, ...]:
