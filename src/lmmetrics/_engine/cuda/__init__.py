@@ -116,6 +116,8 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
     tgt = None if targets is None else device_targets(targets, lg)
     res = launch(lg, ref, out, cap, tgt, ignore_index)
     if defer:  # (with the stream it is queued on: its value is computed there, after it)
+        import torch
+
         out.on_device = (res, torch.cuda.current_stream(lg.keep.device) if lg.keep.device.type == "cuda" else None)
     names, sent, at = _gathered(res, out, tgt is not None)
     early = _queued_copy(sent) if defer else None
