@@ -128,8 +128,9 @@ class Deferred:
     item = result
 
     def __format__(self, spec: str) -> str:
-        """The value formatted as a float (``f"{d:.4f}"``): a read, as ``float(d)``."""
-        return format(self.result(), spec)
+        """The value formatted as a float (``f"{d:.4f}"``): a read, as
+        ``float(d)``; with no format spec, ``str(d)`` (as every object)."""
+        return format(self.result(), spec) if spec else str(self)
 
     @property
     def value(self) -> Union[torch.Tensor, np.float64]:
@@ -416,7 +417,7 @@ def perplexity(logits: Any, targets: Any, *, ignore_index: Optional[int] = -100,
         ``False``: launch the pass on a CUDA device and return a `Deferred`
         at once, without waiting for the device (``float()`` of it waits and
         raises the call's errors; its ``value`` is a 0-d tensor on the
-        device). The mean or sum only.
+        device).
 
     Returns
     -------
@@ -492,7 +493,7 @@ def bits_per_token(logits: Any, targets: Any, *, ignore_index: Optional[int] = -
         ``False``: launch the pass on a CUDA device and return a `Deferred`
         at once, without waiting for the device (``float()`` of it waits and
         raises the call's errors; its ``value`` is a 0-d tensor on the
-        device). The mean or sum only.
+        device).
 
     Returns
     -------

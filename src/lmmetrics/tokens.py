@@ -90,8 +90,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         else:
             out[i] = _utf8_len(piece)
         out[i] += boundary
-    for i, t in added.items():  # added tokens match (and decode to) their own text
-        out[i] = 0 if t.special else _utf8_len(t.content)
+    _set_added(out, added)
     # the model's unknown token stands for text it has no piece for: no bytes,
     # as SentencePiece's, also where it is not an added token (by its text:
     # a Unigram's unk_id may name a real piece, as transformers' XLM-R
@@ -129,7 +128,6 @@ def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
     out = np.zeros(n, np.int64)
     for i in range(n):
         if i in added:
-            out[i] = 0 if getattr(added[i], "special", False) else _utf8_len(str(added[i]))
             continue
         try:
             token = tok.convert_ids_to_tokens(i)
@@ -139,6 +137,7 @@ def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
             j = sp.piece_to_id(token)
             if sp.id_to_piece(j) == token:
                 out[i] = pieces[j]
+    _set_added(out, added)
     return out
 
 
@@ -151,9 +150,16 @@ def _from_byte_ids(tok: Any, size_hint: int) -> I64Array:
     n = max([size_hint, int(tok.offset) + int(tok._utf_vocab_size)] + [i + 1 for i in added])
     out = np.zeros(n, np.int64)
     out[int(tok.offset):int(tok.offset) + int(tok._utf_vocab_size)] = 1
-    for i, t in added.items():
-        out[i] = 0 if getattr(t, "special", False) else _utf8_len(str(t))
+    _set_added(out, added)
     return out
+
+
+def _set_added(out: I64Array, added: Dict[int, Any]) -> None:
+    """Added tokens (id: tokenizers' or transformers' ``AddedToken``) into
+    out: each matches, and decodes to, its own text, whose bytes it counts;
+    0 when special."""
+    for i, t in added.items():
+        out[i] = 0 if getattr(t, "special", False) else _utf8_len(getattr(t, "content", str(t)))
 
 
 def _from_tiktoken(enc: Any) -> I64Array:

@@ -1039,7 +1039,7 @@ def test_sync_false_waits_for_nothing_until_read(dev, monkeypatch, triton_on):
             got = float(d)
             assert events == _deferred_read(dev), events
         assert isinstance(d, lmmetrics.Deferred) and got == d.item() == d.result()
-        assert f"{d:.6f}" == f"{got:.6f}" and f"{d}" == str(got)
+        assert f"{d:.6f}" == f"{got:.6f}" and f"{d}" == str(d) == f"Deferred({got!r})"
         assert got == fn(z, labels, shift=True, **kw)  # (the synchronous call's bits)
         assert got == pytest.approx(want, rel=2e-6)  # (float32 logits: 2e-6 a token)
         assert value.dtype == torch.float64 and value.shape == () and value.device == z.device

@@ -35,6 +35,7 @@ VARIANTS = {
                     ["text_metrics"], ["token_confidence"], ["token_rank"]],
     "ignore_index": [["Evaluator", "loglikelihood"] + _NLL, _RANKS, _TORCHMETRICS, ["expected_calibration_error"],
                      ["token_rank"]],
+    "sync": [["cross_entropy"], ["bits_per_token", "perplexity"]],
 }
 _RULE = re.compile(r"-{3,}")
 
