@@ -406,6 +406,19 @@ def _log_softmax_exact(z):
     return d - np.log(np.exp(d).sum(-1, keepdims=True))
 
 
+def _routed(monkeypatch, route):
+    """What makes a numpy array an input of the route: numpy itself for the
+    host, a CPU tensor taken through the CUDA path (its torch path) else."""
+    if route == "host":
+        return np.asarray
+    torch = pytest.importorskip("torch")
+    from lmmetrics._engine import inputs as _inputs
+
+    monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    return torch.from_numpy
+
+
 @pytest.mark.parametrize("route", ["host", "cuda path"])
 def test_vocabulary_blocks_of_huge_logits_keep_their_ties(monkeypatch, route):
     """Found by an adversarial review of the block path: each block's
@@ -415,15 +428,7 @@ def test_vocabulary_blocks_of_huge_logits_keep_their_ties(monkeypatch, route):
     second) gave an NLL of 0 and an entropy of ln 2 where both are ln 3. The
     numbers are float64's on the materialized logits (relative to each
     row's max), with a reference (its NLL, the KL) and without."""
-    if route == "cuda path":
-        torch = pytest.importorskip("torch")
-        from lmmetrics._engine import inputs as _inputs
-
-        monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
-        monkeypatch.setenv("LMMETRICS_TRITON", "0")
-        wrap = torch.from_numpy
-    else:
-        wrap = np.asarray
+    wrap = _routed(monkeypatch, route)
     V = 1024
     rows = np.arange(4)
     for big in (1e17, 1e30, -1e30):
@@ -456,15 +461,7 @@ def test_a_rank_tied_across_vocabulary_blocks(monkeypatch, route):
     block's logit (a duplicate head row, as untrained tokens have) ranked
     one off. The ranks are those of the materialized logits (one matmul:
     the tie exact), by the rank's rule counted in numpy."""
-    if route == "cuda path":
-        torch = pytest.importorskip("torch")
-        from lmmetrics._engine import inputs as _inputs
-
-        monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
-        monkeypatch.setenv("LMMETRICS_TRITON", "0")
-        wrap = torch.from_numpy
-    else:
-        wrap = np.asarray
+    wrap = _routed(monkeypatch, route)
     rng = np.random.default_rng(0)
     h = rng.standard_normal((300, 64)).astype(np.float32)
     w = rng.standard_normal((2000, 64)).astype(np.float32)
