@@ -127,11 +127,35 @@ class _EvaluatorMetric(Metric):
         if error is not None:
             raise error
 
-    def sync(self, *args: Any, **kwargs: Any) -> None:
+    def sync(self, dist_sync_fn: Optional[Callable[..., Any]] = None, process_group: Any = None,
+             should_sync: bool = True, distributed_available: Optional[Callable[[], bool]] = None) -> None:
         """torchmetrics' sync of the states across ranks, once every batch is
-        in them."""
-        self._fold()
-        super().sync(*args, **kwargs)
+        in them. A batch whose pass on a device failed raises on every rank
+        that syncs, before anything travels (on its own rank alone it would
+        leave the others waiting in the gather): that rank its own error,
+        the others one naming it; the states keep the batches that
+        succeeded."""
+        failed: Optional[ValueError] = None
+        try:
+            self._fold()
+        except ValueError as e:
+            failed = e
+        if distributed_available is None:
+            distributed_available = self.distributed_available_fn
+        if should_sync and not self._is_synced and callable(distributed_available) and distributed_available():
+            import torch.distributed as dist
+
+            # each rank's number + 1 where its update failed, else 0: the largest names one
+            flag = torch.tensor(float(dist.get_rank(process_group) + 1 if failed is not None else 0),
+                                dtype=torch.float64, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=process_group)
+            if failed is None and flag.item():
+                raise ValueError(f"{type(self).__name__}: an update failed on rank {int(flag.item()) - 1}, so "
+                                 f"nothing was synced (every rank raises; the states keep the batches that "
+                                 f"succeeded)")
+        if failed is not None:
+            raise failed
+        super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The batch's value, accumulated (torchmetrics' forward), once the

@@ -206,6 +206,56 @@ def test_sync_across_two_gloo_processes(tmp_path):
             assert o["every"][k] == pytest.approx(v.item(), rel=1e-12), k
 
 
+FAILED_BATCH_WORKER = textwrap.dedent("""
+    import datetime, json, os, sys
+    os.environ["LMMETRICS_TRITON"] = "0"
+    import torch
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    from lmmetrics._engine import inputs
+    from lmmetrics.torchmetrics import Perplexity
+    from test_torchmetrics import batches
+
+    inputs.is_cuda = lambda x: isinstance(x, torch.Tensor)  # CPU tensors take the deferred CUDA path
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    metric = Perplexity(ignore_index=-100)
+    data = batches(n=4)
+    for k, (z, t) in enumerate(data[:2] if rank == 0 else data[2:]):
+        if (rank, k) == (1, 1):  # the last update: its pass waits for the next read
+            z = z.clone()
+            z[0, 1, 3] = float("nan")
+        metric.update(z, t)
+    out = {}
+    try:
+        metric.compute()
+    except ValueError as e:
+        out["error"] = str(e)
+    out["ppl"] = metric.compute().item()  # the batches that succeeded, synced
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_a_batch_failed_on_one_rank_raises_on_every_rank(tmp_path):
+    """A batch whose pass on a device found a NaN row raises at the next
+    read; torchmetrics' sync at compute() raised on that rank alone, before
+    the gather, which left the other rank waiting until the timeout. Every
+    rank raises now, naming the failure, and the next compute() syncs the
+    batches that succeeded."""
+    outs = run_gloo_workers(FAILED_BATCH_WORKER, tmp_path, timeout=90)
+    assert "NaN in logits" in outs[1]["error"], outs[1]
+    assert outs[0]["error"].startswith("Perplexity: an update failed on rank 1, so nothing was synced"), outs[0]
+    data = batches(n=4)
+    want = TMPerplexity(ignore_index=-100)
+    for z, t in data[:3]:
+        want.update(z, t)
+    for o in outs:
+        assert o["ppl"] == pytest.approx(want.compute().item(), rel=1e-5)
+
+
 def test_language_model_metrics_as_a_mapping_for_log_dict():
     """What Lightning's log_dict reads: items() of prefix + field to metrics
     whose compute() is a tensor and whose reset() resets the shared states."""
