@@ -1040,15 +1040,9 @@ class Evaluator:
         parts = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, sent, group=group)
         table = [p.cpu().tolist() for p in parts]  # each rank's settings, the same list on every rank
-        failed_on = [r for r, row in enumerate(table) if row[-1]]  # (the last entry: a failed update)
-        if failed_on:
-            errors: List[Any] = [None] * len(table)
-            dist.all_gather_object(errors, None if failed is None else str(failed), group=group)
-            if failed is not None:
-                raise failed
-            raise ValueError(f"Evaluator.all_reduce: an update failed on {_ranks_text(failed_on)}, so nothing "
-                             f"was summed (every rank raises; the batches that succeeded are added, and a "
-                             f"later all_reduce sums them): rank {failed_on[0]}: {errors[failed_on[0]]}")
+        _raise_where_failed(failed, [row[-1] for row in table], group, "Evaluator.all_reduce",
+                           "summed (every rank raises; the batches that succeeded are added, and a later "
+                           "all_reduce sums them)")  # (the last entry: a failed update)
         docs_by_rank = [row[list(mine).index("document_ids")] for row in table]
         differ = [name for i, name in enumerate(mine) if len({row[i] for row in table}) > 1
                   and (name != "document_ids" or {_WITH_DOCS, _WITHOUT_DOCS} <= set(docs_by_rank))]
@@ -1267,6 +1261,27 @@ def _by_rank(texts: List[str]) -> str:
     for r, t in enumerate(texts):
         ranks.setdefault(t, []).append(r)
     return ", ".join(f"{t} on {_ranks_text(rs)}" for t, rs in ranks.items())
+
+
+def _raise_where_failed(failed: Optional[BaseException], flags: List[int], group: Any, who: str, what: str) -> None:
+    """Every rank raises when an update failed on some rank (flags: each
+    rank's, non-zero where it failed, the same list on every rank; failed:
+    this rank's error, None where it has none), before its sums travel (a
+    rank raising alone would leave the others waiting in a collective):
+    that rank its own error, the others one naming it and its message
+    (``who: an update failed on rank r, so nothing was what: rank r:
+    ...``). Nothing when no rank failed."""
+    failed_on = [r for r, f in enumerate(flags) if f]
+    if not failed_on:
+        return
+    import torch.distributed as dist
+
+    errors: List[Any] = [None] * len(flags)
+    dist.all_gather_object(errors, None if failed is None else str(failed), group=group)
+    if failed is not None:
+        raise failed
+    raise ValueError(f"{who}: an update failed on {_ranks_text(failed_on)}, so nothing was {what}: "
+                     f"rank {failed_on[0]}: {errors[failed_on[0]]}")
 
 
 def _ranks_text(ranks: List[int]) -> str:

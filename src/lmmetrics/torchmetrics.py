@@ -28,7 +28,7 @@ import torch
 from torch.nn import Module, ModuleDict
 from torchmetrics import Metric
 
-from .evaluation import Evaluator, Metrics, _digest, state_from_floats
+from .evaluation import Evaluator, Metrics, _digest, _raise_where_failed, state_from_floats
 
 # what can be logged: the keys of Metrics.as_dict() without document_ids
 _BASE = tuple(f.name for f in dataclass_fields(Metrics))[:12]  # tokens .. same_top
@@ -145,14 +145,11 @@ class _EvaluatorMetric(Metric):
         if should_sync and not self._is_synced and callable(distributed_available) and distributed_available():
             import torch.distributed as dist
 
-            # each rank's number + 1 where its update failed, else 0: the largest names one
-            flag = torch.tensor(float(dist.get_rank(process_group) + 1 if failed is not None else 0),
-                                dtype=torch.float64, device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=process_group)
-            if failed is None and flag.item():
-                raise ValueError(f"{type(self).__name__}: an update failed on rank {int(flag.item()) - 1}, so "
-                                 f"nothing was synced (every rank raises; the states keep the batches that "
-                                 f"succeeded)")
+            mine = torch.tensor([int(failed is not None)], dtype=torch.int64, device=self.device)
+            flags = [torch.empty_like(mine) for _ in range(dist.get_world_size(process_group))]
+            dist.all_gather(flags, mine, group=process_group)
+            _raise_where_failed(failed, [int(f.item()) for f in flags], process_group, type(self).__name__,
+                               "synced (every rank raises; the states keep the batches that succeeded)")
         if failed is not None:
             raise failed
         super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
