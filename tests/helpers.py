@@ -118,6 +118,24 @@ def ref_kl(r, z):
     return np.where(p > 0, p * (lr - lz), 0.0).sum(-1)
 
 
+# The opening of a run_gloo_workers worker whose CPU tensors take the CUDA
+# path (its torch path: a batch's pass left to complete at the next read),
+# in a gloo group that gives up after 30 seconds: rank, world, dist bound
+ROUTED_GLOO_WORKER = """
+import datetime, json, os, sys
+os.environ["LMMETRICS_TRITON"] = "0"
+import torch
+import torch.distributed as dist
+sys.path[:0] = [sys.argv[4]]
+from lmmetrics._engine import inputs
+
+inputs.is_cuda = lambda x: isinstance(x, torch.Tensor)
+rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=30))
+"""
+
+
 def run_gloo_workers(source, tmp_path, world=2, timeout=120):
     """Run `source` as `world` worker processes (argv: rank, world, a free
     localhost port, this folder) and return each one's last stdout line as

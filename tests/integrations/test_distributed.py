@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from helpers import run_gloo_workers
+from helpers import ROUTED_GLOO_WORKER, run_gloo_workers
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -278,21 +278,10 @@ def test_all_reduce_refuses_ranks_with_other_settings(tmp_path):
 
 # -- an update whose pass failed on one rank's device: every rank raises, none is left waiting ------------
 
-DEVICE_ERROR_WORKER = textwrap.dedent("""
-    import datetime, json, os, sys
-    os.environ["LMMETRICS_TRITON"] = "0"
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-    sys.path[:0] = [sys.argv[4]]
+DEVICE_ERROR_WORKER = ROUTED_GLOO_WORKER + textwrap.dedent("""
     import lmmetrics
-    from lmmetrics._engine import inputs
     from test_distributed import device_error_data
 
-    inputs.is_cuda = lambda x: isinstance(x, torch.Tensor)  # CPU tensors take the deferred CUDA path
-    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
     z, t, bad = device_error_data()
     ev = lmmetrics.Evaluator()
     for k in range(2):

@@ -18,7 +18,7 @@ from torchmetrics.text import Perplexity as TMPerplexity  # noqa: E402
 
 import lmmetrics  # noqa: E402
 from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity  # noqa: E402
-from helpers import run_gloo_workers  # noqa: E402
+from helpers import ROUTED_GLOO_WORKER, run_gloo_workers  # noqa: E402
 from test_distributed import nanochat_bpb  # noqa: E402
 
 V = 211
@@ -206,20 +206,10 @@ def test_sync_across_two_gloo_processes(tmp_path):
             assert o["every"][k] == pytest.approx(v.item(), rel=1e-12), k
 
 
-FAILED_BATCH_WORKER = textwrap.dedent("""
-    import datetime, json, os, sys
-    os.environ["LMMETRICS_TRITON"] = "0"
-    import torch
-    import torch.distributed as dist
-    sys.path[:0] = [sys.argv[4]]
-    from lmmetrics._engine import inputs
+FAILED_BATCH_WORKER = ROUTED_GLOO_WORKER + textwrap.dedent("""
     from lmmetrics.torchmetrics import Perplexity
     from test_torchmetrics import batches
 
-    inputs.is_cuda = lambda x: isinstance(x, torch.Tensor)  # CPU tensors take the deferred CUDA path
-    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
     metric = Perplexity(ignore_index=-100)
     data = batches(n=4)
     for k, (z, t) in enumerate(data[:2] if rank == 0 else data[2:]):
