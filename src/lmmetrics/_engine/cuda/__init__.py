@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
+from .. import inputs as _inputs
 from ..device import is_torch, to_device
 from ..errors import Status, row_error, target_error
 from ..inputs import as_targets
@@ -33,13 +34,11 @@ __all__ = ["CudaLogits", "compute", "describe", "device_total", "exact_rows", "l
 def describe(x: Any, name: str = "logits") -> CudaLogits:
     import torch
 
-    from ..inputs import is_cuda, torch_dtype_name
-
-    if not is_cuda(x):
+    if not _inputs.is_cuda(x):  # (read from its module each call: tests route CPU tensors here)
         where = x.device if isinstance(x, torch.Tensor) else "the host"
         raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
                          f"put both on the same device")
-    dtype = torch_dtype_name(x, name)
+    dtype = _inputs.torch_dtype_name(x, name)
     shape = tuple(x.shape)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
@@ -58,12 +57,10 @@ def device_targets(targets: Any, lg: CudaLogits) -> torch.Tensor:
     rows, as `CudaLogits.rows`); others (numpy, host tensors) converted on
     the host and queued for upload. Their values are checked by the pass
     (`F_OOB`)."""
-    from ..inputs import check_targets_shape, index_array_or_tensor
-
-    t = index_array_or_tensor(targets, "targets")
+    t = _inputs.index_array_or_tensor(targets, "targets")
     if not (is_torch(t) and t.device == lg.keep.device and str(t.dtype) in _DEVICE_INDEX):
         return to_device(as_targets(t, lg, check_range=False), lg.keep.device)  # (flat, from the host: no wait)
-    check_targets_shape(tuple(t.shape), lg)
+    _inputs.check_targets_shape(tuple(t.shape), lg)
     kept: torch.Tensor = rows_of(t, t.dim())[0]
     return kept
 
@@ -305,12 +302,13 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     if targets is not None:
         tv = values.pop("targets")
         read = (flags & F_COUNTED) != 0
-        # (an ignored target that is not negative is ignore_index itself,
-        # which float64 rounds past 2^53)
-        out.targets = tv.astype(np.int64)
-        out.targets[~read & (tv >= 0)] = out.ignore_index
-        out.set_counted(read)
         out.n_counted = int(np.count_nonzero(read))
+        out.targets = tv.astype(np.int64)
+        if out.n_counted < read.size:
+            # (an ignored target that is not negative is ignore_index
+            # itself, which float64 rounds past 2^53)
+            out.targets[~read & (tv >= 0)] = out.ignore_index
+        out.set_counted(read)
     where = slice(None) if rows is None else rows
     for name, v in values.items():
         getattr(out, name)[where] = v  # the integer outputs: exact float64 integers

@@ -436,12 +436,16 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 # is the call's. Here the first launch of a specialization goes through
 # Triton (which compiles it), and the compiled kernel is kept under a key
 # at least as fine as Triton's: each tensor's dtype and 16-byte alignment,
-# each integer's type, whether it is 1, divisible by 16 and within int32
-# (Triton specializes on no more than these); the constexprs, the warps,
-# the device and the settings Triton reads at each launch (debug,
-# instrumentation). Later launches with that key call the compiled kernel's
-# launcher with the arguments Triton's own launch passes it (hooks and
-# launch metadata included: profilers see the same launches). The shape of
+# each integer's value (Triton specializes on its type, whether it is 1 and
+# whether it is divisible by 16: no more than its value says; classifying
+# it here cost the host ~2 us a launch), the constexprs, the warps, the
+# device and the settings Triton reads at each launch (debug,
+# instrumentation). The cache is emptied past _MAX_KEYS keys (shapes seen:
+# each new one launches through Triton once). Later launches with that key
+# call the compiled kernel's launcher with the arguments Triton's own launch
+# passes it (launch hooks and their metadata included: profilers see the
+# same launches; without a hook, as a Triton without hooks passes, none and
+# no metadata, whose building cost ~2 us a launch). The shape of
 # that call is Triton's (runtime/jit.py, JITFunction.run), checked for the
 # versions named here against Triton's own launch on a stubbed driver
 # (tests/cuda/test_triton.py: group_direct_launch, group_direct_launch_probe);
@@ -450,6 +454,7 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 _DIRECT_VERSIONS = ("3.6.", "3.7.", "3.8.", "3.9.")
 _direct = not INTERPRET and triton.__version__.startswith(_DIRECT_VERSIONS)
 _compiled: Dict[Tuple[Any, ...], Any] = {}
+_MAX_KEYS = 4096
 
 
 def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, Any], warps: int) -> None:
@@ -459,16 +464,15 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
     if _direct and isinstance(fn, JITFunction) and not fn.pre_run_hooks and \
             knobs.runtime.add_stages_inspection_hook is None:
         device = driver.active.get_current_device()
-        # an integer: is 1, divisible by 16, int32, below 2^63; a float:
-        # fp32; a tensor: its type, dtype and alignment (inline: a function
-        # call an argument would cost what the binder does; anything else,
-        # a bool or a numpy scalar, has no data_ptr: Triton's launch); and
-        # the settings Triton's launch adds to its options
+        # an integer: its value; a float: fp32; a tensor: its type, dtype
+        # and alignment (inline: a function call an argument would cost
+        # what the binder does; anything else, a bool or a numpy scalar,
+        # has no data_ptr: Triton's launch); and the settings Triton adds
+        # to its options
         try:
             key = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
                    getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()), *[
-                       (a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2
-                       | (a < 0x8000000000000000) << 3 if type(a) is int else -1 if type(a) is float
+                       a if type(a) is int else -1 if type(a) is float
                        else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
         except AttributeError:
             pass
@@ -478,14 +482,25 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
         # (the launcher takes every parameter in the signature's order: the
         # kernels' constexprs come last, as cons names them)
         if key is not None and kernel is not None and list(fn.arg_names[len(args):]) == list(cons):
+            if len(_compiled) >= _MAX_KEYS:
+                _compiled.clear()
             _compiled[key] = kernel
         return
     stream = driver.active.get_current_stream(device)
     full = (*args, *cons.values())
     g = (*grid, 1, 1)
-    kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
-               knobs.runtime.launch_exit_hook, *full)
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _silent(enter) and _silent(leave):
+        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None, *full)
+    else:
+        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(grid, stream, *full), enter, leave, *full)
+
+
+def _silent(hook: Any) -> bool:
+    """Whether a launch hook of Triton's settings calls nothing: None, or
+    an empty chain of hooks (the `HookChain` of newer Tritons)."""
+    return hook is None or getattr(hook, "calls", None) == []
 
 
 # test hooks: shorter spans (SPAN // _span of the default's lane-rows,
@@ -538,12 +553,12 @@ def usable(lg: CudaLogits, ref: Optional[CudaLogits]) -> bool:
     """Whether the Triton path takes these logits: 16- and 32-bit floats on
     both sides (the kernel works in float32: a float64 reference keeps the
     torch path, exact in float64) whose vocabulary axis is contiguous."""
-    sides = [lg] if ref is None else [lg, ref]
-    if any(x.dtype not in _LAYOUTS for x in sides) or lg.n_cols > _MAX_COLS:
+    if lg.n_cols > _MAX_COLS or -(-lg.n_cols // _span) > _MERGE_ELEMS:
         return False
-    if -(-lg.n_cols // _span) > _MERGE_ELEMS:
-        return False
-    return all(x.keep.stride(-1) == 1 or x.n_cols == 1 for x in sides)
+    for x in (lg,) if ref is None else (lg, ref):
+        if x.dtype not in _LAYOUTS or not (x.keep.stride(-1) == 1 or x.n_cols == 1):
+            return False
+    return True
 
 
 _AS_IS = contextlib.nullcontext()  # (reusable: one for every launch)
