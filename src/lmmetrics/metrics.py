@@ -83,7 +83,9 @@ class Deferred:
     the device); it is NaN where the call raises, and also where a row
     holds +inf logits (the host's exact path has that row: ``float(d)``;
     on the torch path, also a row whose NLL is not finite). It is summed
-    by torch, so its last bits may differ from ``float(d)``. Until
+    by torch, so its last bits may differ from ``float(d)``; its first
+    read orders it on the current stream (read on another stream than the
+    call's, that stream waits for the pass). Until
     ``float(d)`` is read, ``d`` holds the logits (for that exact path):
     keep ``d.value`` to hold the value only.
     Logits the call computes on the host (numpy, CPU tensors, lazy
@@ -157,7 +159,9 @@ class Deferred:
 
 
 def _check_sync(sync: object) -> bool:
-    if not isinstance(sync, (bool, np.bool_)):
+    if sync is True or sync is False:
+        return sync
+    if not isinstance(sync, np.bool_):
         raise TypeError(f"sync must be True or False, got {sync!r}")
     return bool(sync)
 

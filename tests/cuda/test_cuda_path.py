@@ -1047,6 +1047,40 @@ def test_sync_false_waits_for_nothing_until_read(dev, monkeypatch, triton_on):
         assert d.value is value and repr(d) == f"Deferred({got!r})"
 
 
+def test_device_value_read_on_another_stream(monkeypatch):
+    """`cuda.device_total` on a pass queued on one stream and read on
+    another (stand-in streams: the branch a GPU takes): computed on the
+    pass's stream, then the reader's stream waits for it and the result's
+    memory is kept for the reader; read on the pass's own stream, neither."""
+    import contextlib
+
+    entered, waits, recorded = [], [], []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            waits.append((self.name, other.name))
+
+    def on(stream):
+        entered.append(stream.name)
+        return contextlib.nullcontext()
+
+    pass_stream, reader = Stream("pass"), Stream("reader")
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: recorded.append(s.name))
+    res = torch.zeros(layout.N_RESULTS, 3, dtype=torch.float64)
+    res[layout.RES_FLAGS] = torch.tensor([layout.F_COUNTED, 0, layout.F_COUNTED], dtype=torch.float64)
+    res[layout.row("nll")] = torch.tensor([1.0, 7.0, 2.5], dtype=torch.float64)
+    for current, want_waits in ((reader, [("reader", "pass")]), (pass_stream, [])):
+        entered.clear(), waits.clear(), recorded.clear()
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None, s=current: s)
+        value = _cuda.device_total((res, pass_stream), "nll", lambda total, n: total / n)
+        assert float(value) == 1.75 and entered == ["pass"]
+        assert waits == want_waits and recorded == [name for name, _ in want_waits]
+
+
 def test_sync_false_raises_when_read(dev, monkeypatch):
     """A bad row or target found by a pass launched with sync=False: the call
     returns, ``.value`` is NaN, and every ``float()`` raises what the

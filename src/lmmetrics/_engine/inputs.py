@@ -226,12 +226,22 @@ def as_logits(x: Any, name: str = "logits") -> Logits:
     return _describe(a, a.__array_interface__["data"][0], dtype, a.shape, strides, False, name)
 
 
+_TORCH_NAMES: Dict[Any, str] = {}
+
+
+def _torch_names() -> Dict[Any, str]:
+    """torch's float dtypes and their names (made once, on first use)."""
+    if not _TORCH_NAMES:
+        import torch
+
+        _TORCH_NAMES.update({torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                             torch.bfloat16: "bfloat16"})
+    return _TORCH_NAMES
+
+
 def torch_dtype_name(x: torch.Tensor, name: str) -> str:
     """The dtype name of a torch logits tensor, or TypeError / ValueError."""
-    import torch
-
-    names = {torch.float32: "float32", torch.float64: "float64",
-             torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    names = _torch_names()
     if x.dtype not in names:
         raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {x.dtype}")
     if x.dim() == 0:

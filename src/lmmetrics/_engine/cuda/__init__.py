@@ -132,7 +132,7 @@ def compute(lg: CudaLogits, ref: Optional[CudaLogits], out: RowResults, targets:
 
         settle(res, into, None, lg.lead_shape, tgt, redo=redo, fetched=(names, host, at))
         if into.nll is not None:
-            into.nll_sum = float(into.nll.sum())  # (np.sum's bits, past its Python wrapper)
+            into.nll_sum = float(np.add.reduce(into.nll))  # (np.sum's bits, past its Python wrapper)
 
     return finish
 
@@ -145,7 +145,10 @@ def device_total(on_device: Tuple[torch.Tensor, Any], name: str, of: Callable[[A
     The sum is NaN where a counted row is an error (named once the results
     are on the host: `settle`) or one the exact path does again there
     (+inf logits). Summed by torch: the host's sum of the same values may
-    differ in its last bits."""
+    differ in its last bits. Read on another stream than the pass's, the
+    result is ordered on it as torch orders an op's result on the current
+    stream: that stream waits for the pass's, and the result's memory is
+    kept for it (`torch.Tensor.record_stream`)."""
     import torch
 
     res, stream = on_device
@@ -155,7 +158,14 @@ def device_total(on_device: Tuple[torch.Tensor, Any], name: str, of: Callable[[A
         values = res[row(name)]
         total = torch.where(counted, values, 0.0).sum()
         unsure = counted & (((flags & (ERRORS | F_OOB | SLOW)) != 0) | values.isnan())
-        return of(torch.where(unsure.any(), math.nan, total), counted.sum())
+        value = of(torch.where(unsure.any(), math.nan, total), counted.sum())
+    if stream is not None:
+        reader = torch.cuda.current_stream(res.device)
+        if reader != stream:
+            reader.wait_stream(stream)
+            if isinstance(value, torch.Tensor):
+                value.record_stream(reader)
+    return value
 
 
 def _versions(lg: CudaLogits, ref: Optional[CudaLogits]) -> Tuple[int, ...]:
@@ -313,7 +323,13 @@ def settle(res: torch.Tensor, out: RowResults, rows: Optional[I64Array], lead_sh
     for name, v in values.items():
         getattr(out, name)[where] = v  # the integer outputs: exact float64 integers
     floats = [v for name, v in values.items() if name not in INDEX_OUTPUTS]
-    if not (flags & (ERRORS | F_OOB | SLOW)).any() and not any(np.isnan(v).any() for v in floats):
+    # (ufuncs' reductions called directly: ndarray.any's Python wrapper cost
+    # more than the work; a sum is NaN where a value is, and where +inf
+    # meets -inf, a row the full check below then clears)
+    unsure = int(np.bitwise_or.reduce(flags)) & (ERRORS | F_OOB | SLOW)
+    for v in floats:
+        unsure = unsure or np.isnan(np.add.reduce(v))
+    if not unsure:
         return  # (the common case: no row to name or do again)
     counted = out.counted if rows is None else np.ones(flags.size, bool)
     slow = counted & ((flags & SLOW) != 0)
