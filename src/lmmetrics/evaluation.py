@@ -1466,7 +1466,8 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     Raises
     ------
     ValueError
-        ``steps`` not a positive integer, or as for `lmmetrics.bits_per_byte`.
+        ``steps`` not a positive integer, ``batches`` holding fewer than
+        ``steps`` batches, or as for `lmmetrics.bits_per_byte`.
 
     Examples
     --------
@@ -1488,8 +1489,11 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
                    softcap=softcap)
     it = iter(batches)
     with torch.no_grad():
-        for _ in range(steps):
-            x, y = next(it)
+        for step in range(steps):
+            try:
+                x, y = next(it)
+            except StopIteration:  # (a bare StopIteration ends a caller's generator, or reads as its end)
+                raise ValueError(f"evaluate_bpb: batches ran out after {step} of steps={steps}") from None
             ev.update(model(x), y)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         ev.all_reduce()
