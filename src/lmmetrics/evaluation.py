@@ -689,7 +689,7 @@ class Evaluator:
             st.bytes += int(units.sum())
             st.nll_sum_bytes += float(np.sum(with_units))
             st.nll_sq_bytes += float(np.dot(with_units, with_units))
-            st.nll_bytes_product += float(np.dot(nll, b))
+            st.nll_bytes_product += float(np.dot(with_units, b))  # (nll * 0 is NaN for an inf nll)
             st.bytes_sq += float(np.dot(b, b))
             per_doc["bytes"], per_doc["nll_sum_bytes"] = b, with_units
         if not self.nll_only:
@@ -819,6 +819,9 @@ class Evaluator:
     def _check_compatible(self, other: Evaluator) -> None:
         if not isinstance(other, Evaluator):
             raise TypeError(f"can only merge another Evaluator, got {type(other).__name__}")
+        if other is self:  # (a loop `total.merge(e) for e in evaluators` that holds total: it would count twice)
+            raise ValueError("cannot merge an Evaluator into itself: its sums would count twice; merge the "
+                             "other Evaluators only, or a copy (copy.deepcopy) to count them twice")
         if (other.ignore_index, other.softcap) != (self.ignore_index, self.softcap):
             raise ValueError("cannot merge Evaluators with different ignore_index or softcap")
         if other.nll_only != self.nll_only:
@@ -846,7 +849,13 @@ class Evaluator:
         Raises
         ------
         ValueError
-            When ``other`` has another ``token_bytes`` table.
+            When ``other`` is this Evaluator itself, or has other settings:
+            another ``ignore_index``, ``softcap``, ``nll_only``, ``top_k``,
+            ``calibration_bins`` or ``token_bytes`` table, or batches
+            without ``document_ids`` where this one's have them (or the
+            reverse).
+        TypeError
+            When ``other`` is not an Evaluator.
         """
         self._check_compatible(other)
         self._settle()
@@ -1457,7 +1466,8 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     Raises
     ------
     ValueError
-        ``steps`` not a positive integer, or as for `lmmetrics.bits_per_byte`.
+        ``steps`` not a positive integer, ``batches`` holding fewer than
+        ``steps`` batches, or as for `lmmetrics.bits_per_byte`.
 
     Examples
     --------
@@ -1479,8 +1489,11 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
                    softcap=softcap)
     it = iter(batches)
     with torch.no_grad():
-        for _ in range(steps):
-            x, y = next(it)
+        for step in range(steps):
+            try:
+                x, y = next(it)
+            except StopIteration:  # (a bare StopIteration ends a caller's generator, or reads as its end)
+                raise ValueError(f"evaluate_bpb: batches ran out after {step} of steps={steps}") from None
             ev.update(model(x), y)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         ev.all_reduce()

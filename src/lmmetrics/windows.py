@@ -5,6 +5,7 @@ models", and the longest context for every token."""
 from __future__ import annotations
 
 import contextlib
+import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union, overload
 
@@ -254,9 +255,12 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     ------
     ValueError
         An unknown convention, ``max_length`` or ``stride`` out of range, ids
-        that are not 1-D or (1, T), or logits of the wrong shape.
+        that are not 1-D or (1, T), a negative ``prefix_token``, or logits of
+        the wrong shape.
     TypeError
-        The model returned no logits tensor (a tuple, an array, a dict).
+        The model returned no logits tensor (a tuple, an array, a dict);
+        ``input_ids`` that are not integers; a ``prefix_token`` that is not
+        an integer (``True`` included: give the token id).
 
     Examples
     --------
@@ -277,6 +281,8 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         ids = ids[0]
     if ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got {ids.dtype}")
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     max_length = check_positive_int("max_length", max_length)
@@ -285,7 +291,7 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     if max_length < 2 and convention != "lm-eval":
         raise ValueError("max_length must be at least 2 (a window scores tokens after its first)")
     if prefix_token is not None:
-        prefix = torch.tensor([int(prefix_token)], dtype=ids.dtype, device=ids.device)
+        prefix = torch.tensor([_token_id(prefix_token)], dtype=ids.dtype, device=ids.device)
         seq = torch.cat([prefix, ids])
     else:
         seq = ids
@@ -311,6 +317,21 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         return out
     m = ev.compute()
     return out, replace(m, ignored=T - m.tokens)
+
+
+def _token_id(token: Any) -> int:
+    """prefix_token as a token id: an integer >= 0 (True is not token 1,
+    nor 1.7 token 1)."""
+    if isinstance(token, (bool, np.bool_)):
+        raise TypeError(f"prefix_token must be a token id, got {token!r}: pass the id itself, e.g. "
+                        f"prefix_token=tokenizer.bos_token_id")
+    try:
+        i = operator.index(token)
+    except TypeError:
+        raise TypeError(f"prefix_token must be an integer token id, got {token!r}") from None
+    if i < 0:
+        raise ValueError(f"prefix_token must be a token id (>= 0), got {i}")
+    return i
 
 
 def _returned_logits(res: Any) -> torch.Tensor:

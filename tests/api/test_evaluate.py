@@ -1,5 +1,6 @@
 """token_entropy, token_kl, kl_divergence, evaluate and Evaluator against
 independent float64 computations (numpy / scipy)."""
+import copy
 import json
 import math
 
@@ -200,6 +201,21 @@ def test_evaluator_merge_state_dict_reset():
         c.merge(lmmetrics.Evaluator())
     with pytest.raises(ValueError, match="not an Evaluator state"):
         c.load_state_dict({"tokens": 1})
+
+
+def test_evaluator_merge_into_itself_is_refused():
+    """`total.merge(e) for e in evaluators` with total among them would count
+    total's batches twice: an error, and nothing changes."""
+    z, _, t, _ = _data(22, shape=(30,))
+    ev = lmmetrics.Evaluator()
+    ev.update(z, t)
+    before = ev.state_dict()
+    with pytest.raises(ValueError, match="into itself: its sums would count twice"):
+        ev.merge(ev)
+    assert ev.state_dict() == before
+    assert ev.compute().tokens == int(np.count_nonzero(t >= 0))
+    ev.merge(copy.deepcopy(ev))  # twice on purpose: a copy
+    assert ev.compute().tokens == 2 * int(np.count_nonzero(t >= 0))
 
 
 def test_evaluator_kl_only_over_updates_with_reference():

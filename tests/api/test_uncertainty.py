@@ -262,3 +262,33 @@ def test_clustered_stderr_counts_only_the_documents_that_hold_the_mean():
     one.update(z[first], t[first], reference_logits=r[first], document_ids=doc[first])
     one.update(z[~first], t[~first], document_ids=doc[~first])
     assert math.isnan(one.compute().stderr_documents["kl"]) and math.isnan(one.compute().stderr["macro_kl"])
+
+
+def test_a_ruled_out_target_without_bytes_leaves_bits_per_byte_and_its_stderr_finite():
+    """A target the model rules out (NLL inf) whose token has no byte (a
+    special token) leaves both sums of bits per byte: the value and its
+    standard error are those of the other tokens (it was NaN in the sum of
+    nll * bytes, inf * 0: an inf standard error and a state_dict that
+    load_state_dict refused)."""
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((9, 4))
+    t = np.array([0, 1, 2, 3, 0, 2, 3, 1, 2])
+    z[1, 1] = z[7, 1] = -np.inf  # token 1 ruled out twice
+    tb = np.array([2, 0, 1, 3])  # token 1: no byte
+    with np.errstate(all="raise"):
+        ev = lmmetrics.Evaluator(token_bytes=tb)
+        ev.update(z, t)
+    m = ev.compute()
+    assert m.loss == math.inf
+    keep = tb[t] > 0
+    nll = np.where(keep, ref_nll(np.where(np.isinf(z), 0.0, z), t), 0.0)  # (the ruled-out rows leave the sums)
+    b = tb[t].astype(float)
+    ratio = nll.sum() / b.sum()
+    n = len(t)
+    want = math.sqrt(n / (n - 1) * np.sum((nll - ratio * b) ** 2)) / b.sum() / math.log(2)
+    assert m.bits_per_byte == pytest.approx(ratio / math.log(2), rel=1e-12)
+    assert m.stderr["bits_per_byte"] == pytest.approx(want, rel=1e-9)
+    state = ev.state_dict()
+    again = lmmetrics.Evaluator(token_bytes=tb)
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert again.state_dict() == state

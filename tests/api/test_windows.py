@@ -5,6 +5,7 @@ functions when lm_eval is installed), the transformers guide's strided loop
 import math
 import types
 
+import numpy as np
 import pytest
 
 import lmmetrics
@@ -228,6 +229,32 @@ def test_short_inputs_and_errors(llama):
         lmmetrics.sliding_window_nll(llama, ids, max_length=4, convention="guide")
     with pytest.raises(ValueError, match="batch_size"):
         lmmetrics.sliding_window_nll(llama, ids, max_length=4, batch_size=0)
+
+
+@pytest.mark.parametrize("prefix, error, said", [
+    (True, TypeError, "prefix_token must be a token id, got True: pass the id itself"),
+    (np.True_, TypeError, "prefix_token must be a token id"),
+    (1.7, TypeError, "prefix_token must be an integer token id, got 1.7"),
+    ("3", TypeError, "prefix_token must be an integer token id"),
+    (-1, ValueError, "prefix_token must be a token id \\(>= 0\\), got -1"),
+])
+def test_prefix_token_is_a_token_id_never_a_guess(prefix, error, said):
+    """prefix_token=True (text_metrics' bos=True habit) was token 1, 1.7 token 1, "3" token 3:
+    another prefix than meant, silently."""
+    def model(x):
+        return torch.zeros(*x.shape, 16)
+
+    with pytest.raises(error, match=said):
+        lmmetrics.sliding_window_nll(model, torch.arange(2, 8), max_length=4, prefix_token=prefix)
+    for fine in (np.int64(3), torch.tensor(3), 0):
+        nll = lmmetrics.sliding_window_nll(model, torch.arange(2, 8), max_length=4, prefix_token=fine)
+        assert int((~nll.isnan()).sum()) == 6
+
+
+def test_input_ids_must_be_integers():
+    with pytest.raises(TypeError, match="input_ids must hold integer token ids, got torch.float32"):
+        lmmetrics.sliding_window_nll(lambda x: torch.zeros(*x.shape, 16), torch.tensor([1.0, 2.7, 3.0]),
+                                     max_length=2)
 
 
 @pytest.mark.parametrize("returned, said", [

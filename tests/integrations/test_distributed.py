@@ -103,6 +103,15 @@ def test_evaluate_bpb_takes_a_step_count_in_a_tensor():
         lmmetrics.evaluate_bpb(model, iter(data), 2, tb)
 
 
+def test_evaluate_bpb_says_when_the_batches_run_out():
+    """Fewer batches than steps: a ValueError naming both, not a bare
+    StopIteration (which a caller's generator turns into its own end, or a
+    RuntimeError)."""
+    model, data = TinyLM(), batches(n=2)
+    with pytest.raises(ValueError, match="batches ran out after 2 of steps=3"):
+        lmmetrics.evaluate_bpb(model, iter(data), 3, torch.ones(97, dtype=torch.int64))
+
+
 def test_evaluate_bpb_no_bytes_is_inf():
     model, data = TinyLM(), batches(n=1)
     assert lmmetrics.evaluate_bpb(model, data, 1, torch.zeros(97, dtype=torch.int64)) == math.inf
