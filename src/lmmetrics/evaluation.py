@@ -878,10 +878,19 @@ class Evaluator:
         dict
             Counts (int) and float64 sums (float), and with ``document_ids``
             a ``"documents"`` entry (the ids and each document's sums, as
-            lists); `load_state_dict` takes it.
+            lists); a ``"settings"`` entry (integers: the settings the sums
+            were made with, which `load_state_dict` compares). `load_state_dict`
+            takes it.
         """
         self._settle()
-        return self._state_now()
+        state = self._state_now()
+        state["settings"] = self._settings_state()
+        return state
+
+    def _settings_state(self) -> Dict[str, int]:
+        """The settings `merge` compares, each as an integer (a digest for
+        a tuple or a table): a state_dict's ``"settings"``."""
+        return {k: v[0] for k, v in self._settings().items() if k != "document_ids"}
 
     def _state_now(self) -> Dict[str, Any]:
         """`state_dict` of the sums as they are (a batch not yet added left out)."""
@@ -912,11 +921,22 @@ class Evaluator:
             ids or lists of unequal lengths; documents, ranks or calibration
             bins that do not add up to the totals; byte sums without
             ``token_bytes``, accuracy or entropy sums with ``nll_only``,
-            another ``top_k`` or ``calibration_bins``. Nothing changes then.
+            another ``top_k`` or ``calibration_bins``; a state made with
+            other settings (its ``"settings"``: ``ignore_index``,
+            ``softcap``, ``nll_only``, ``top_k``, ``calibration_bins``, the
+            ``token_bytes`` table). Nothing changes then.
         """
         names = set(_COUNTS + _SUMS)
         missing = names - set(state)
-        unknown = set(state) - names - {"documents"}
+        unknown = set(state) - names - {"documents", "settings"}
+        if "settings" in state:  # (a state of an older version has none: its values are checked below)
+            made, mine = state["settings"], self._settings_state()
+            if not isinstance(made, Mapping) or set(made) != set(mine):
+                raise ValueError(f"Evaluator state: settings must hold {sorted(mine)}, got {made!r}")
+            other = [k for k in mine if made[k] != mine[k]]
+            if other:
+                raise ValueError(f"Evaluator state: made with another {', '.join(other)} than this Evaluator's; "
+                                 f"load it into an Evaluator made with the settings of the one that saved it")
         if self.top_k:
             missing |= {"rank"} - set(state)
         if self.calibration_bins is not None:

@@ -59,7 +59,7 @@ class _EvaluatorMetric(Metric):
         self._held: Dict[str, Any] = {}  # the states' values (`_state`)
         self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=shift,
                                     softcap=softcap, num_threads=num_threads, nll_only=self._nll_only)
-        for k in self._evaluator.state_dict():
+        for k in self._evaluator._state_now():
             self.add_state(k, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         # what the sums mean (the class, its settings): a MetricCollection groups metrics whose states are
         # equal after the first update, which states still all 0 (no counted target) would be across classes
@@ -241,7 +241,7 @@ class _EvaluatorMetric(Metric):
         metric's own gathers the batches to come)."""
         self._fold()
         ev = copy.copy(self._evaluator)
-        ev.load_state_dict(state_from_floats({k: float(getattr(self, k)) for k in ev.state_dict()}))
+        ev.load_state_dict(state_from_floats({k: float(getattr(self, k)) for k in ev._state_now()}))
         return ev
 
     def _metrics(self) -> Metrics:
@@ -270,7 +270,7 @@ def _state(name: str) -> property:
     return property(get, put, doc=f"the float64 sum {name!r} (a torchmetrics state)")
 
 
-_STATE_NAMES = tuple(Evaluator().state_dict())
+_STATE_NAMES = tuple(Evaluator()._state_now())
 for _name in _STATE_NAMES:
     setattr(_EvaluatorMetric, _name, _state(_name))
 

@@ -176,7 +176,7 @@ class TrainerMetrics:
                  calibration_bins: Optional[int] = None, ignore_index: Optional[int] = -100) -> None:
         self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=True, top_k=top_k,
                                     calibration_bins=calibration_bins)
-        self._template = self._evaluator.state_dict()
+        self._template = self._evaluator._state_now()
         # a row: 1 (one sequence), then the sequence's state, number by number
         names = ["sequences"] + [name for name, _ in _leaves(self._template)]
         #: the width of a row

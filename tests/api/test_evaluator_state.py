@@ -150,8 +150,40 @@ def test_counts_are_compared_exactly_however_large():
     assert ev.state_dict() == state
 
 
+def test_a_state_dict_records_its_settings_and_is_refused_by_an_evaluator_with_others():
+    """A state is refused by an Evaluator made with other settings, naming
+    them, and that Evaluator is left as it was: an nll_only state in a full
+    Evaluator read accuracy 0 and entropy 0, a state without token_bytes in
+    one with them bits per byte inf, another softcap or ignore_index loaded
+    silently."""
+    tb = _batches()[0]
+    plain = dict(docs=False, top_k=None, calibration_bins=None)
+    loader = dict(token_bytes=tb)
+    cases = [(dict(nll_only=True), "nll_only"), (dict(token_bytes=None), "token_bytes"),
+             (dict(token_bytes=tb[::-1].copy()), "token_bytes"), (dict(softcap=30.0), "softcap"),
+             (dict(ignore_index=-1), "ignore_index"), (dict(top_k=(1, 3)), "top_k"),
+             (dict(calibration_bins=5), "calibration_bins")]
+    for made, name in cases:
+        state = json.loads(json.dumps(_evaluator(**dict(plain, **made)).state_dict()))
+        assert set(state["settings"]) == {"ignore_index", "softcap", "nll_only", "top_k", "calibration_bins",
+                                          "token_bytes"}
+        ev = lmmetrics.Evaluator(**loader)
+        ev.update(np.zeros((2, V), np.float32), np.array([1, 2]))
+        before = ev.state_dict()
+        with pytest.raises(ValueError, match=f"made with another {name} than this Evaluator's"):
+            ev.load_state_dict(state)
+        assert ev.state_dict() == before
+        lmmetrics.Evaluator(**dict(loader, **made)).load_state_dict(state)  # (its own settings take it)
+    with pytest.raises(ValueError, match="settings must hold"):
+        lmmetrics.Evaluator().load_state_dict(dict(lmmetrics.Evaluator().state_dict(), settings={"softcap": 0}))
+
+
 def test_load_state_dict_refuses_the_state_of_an_evaluator_with_other_settings():
+    """A state without its settings (an older version's state_dict) is
+    refused where its values show that no Evaluator with these settings
+    gives it."""
     full = _evaluator(docs=False, top_k=None, calibration_bins=None).state_dict()
+    full.pop("settings")
     with pytest.raises(ValueError, match="bytes is .* but this Evaluator has no token_bytes"):
         lmmetrics.Evaluator().load_state_dict(full)
     with pytest.raises(ValueError, match="correct is .* but this Evaluator is nll_only"):
@@ -159,6 +191,7 @@ def test_load_state_dict_refuses_the_state_of_an_evaluator_with_other_settings()
     with pytest.raises(ValueError, match="missing \\['rank'\\]"):
         lmmetrics.Evaluator(token_bytes=np.ones(V, int), top_k=2).load_state_dict(full)
     ranked = _evaluator(docs=False).state_dict()
+    ranked.pop("settings")
     with pytest.raises(ValueError, match="rank must hold k \\[1, 2\\]"):
         lmmetrics.Evaluator(token_bytes=np.ones(V, int), top_k=(1, 2), calibration_bins=5).load_state_dict(ranked)
     with pytest.raises(ValueError, match="calibration must hold 6"):
