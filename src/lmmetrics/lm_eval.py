@@ -15,7 +15,9 @@ sorting, left truncation, right padding, the one-token-continuation cache,
 probes the lazy path, so it finds the larger batches that fit without the
 ``(B, T, V)`` tensors.
 
-Needs lm-eval (``pip install lm-eval``); ``import lmmetrics`` alone does not
+Needs lm-eval with its Hugging Face extra (``pip install 'lm-eval[hf]'``:
+``pip install lm-eval`` alone has no accelerate, which lm-eval's ``HFLM``
+imports); ``import lmmetrics`` alone does not
 import this module, nor lm-eval. From the command line, for lm-eval versions
 without model plugins::
 
@@ -31,7 +33,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from lm_eval.api.registry import register_model
-from lm_eval.models.huggingface import HFLM
+
+try:
+    from lm_eval.models.huggingface import HFLM
+except ImportError as e:  # lm-eval without its hf extra: no accelerate (or peft)
+    raise ImportError(f"lmmetrics.lm_eval needs lm-eval's Hugging Face model, which needs its hf extra: "
+                      f"pip install 'lm-eval[hf]' ({e})") from e
 from lm_eval.models.utils import Collator
 from tqdm import tqdm
 

@@ -91,6 +91,14 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
             out[i] = _utf8_len(piece)
         out[i] += boundary
     _set_added(out, added)
+    if byte_fallback:
+        # byte pieces a tokenizers trainer was given as special_tokens (the
+        # usual way to put <0x00>..<0xFF> in the vocabulary) are special added
+        # tokens, and still one byte each: the model emits them for text it
+        # has no piece for, and the ByteFallback decoder writes them
+        for i, t in added.items():
+            if _BYTE_PIECE.match(getattr(t, "content", "")):
+                out[i] = 1
     # the model's unknown token stands for text it has no piece for: no bytes,
     # as SentencePiece's, also where it is not an added token (by its text:
     # a Unigram's unk_id may name a real piece, as transformers' XLM-R

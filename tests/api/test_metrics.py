@@ -114,3 +114,29 @@ def test_table_errors():
         lmmetrics.bits_per_byte(z, t, np.ones(4))
     with pytest.raises(ValueError, match="token_chars must be a 1-D table of length 4"):
         lmmetrics.bits_per_character(z, t, token_chars=[1, 2])
+
+
+def test_a_tuple_or_dict_of_model_outputs_is_a_clear_error():
+    """A model's outputs with return_dict=False, a (logits, cache) tuple, or
+    a dict of them, were read by np.asarray: "setting an array element with
+    a sequence" (or a requires-grad error), and a dict a 0-d object array
+    ("got shape ()"). The error now says to pass the logits alone."""
+    rng = np.random.default_rng(0)
+    z = random_logits(rng, (2, 5, 7), np.float32)
+    t = rng.integers(0, 7, (2, 5))
+
+    class Cache:  # transformers' DynamicCache stands beside the logits
+        pass
+
+    for outputs in ((z, Cache()), [z, None], (z, z[:, :2])):
+        for kw in ({"shift": True}, {}):
+            with pytest.raises(TypeError, match=r"outputs\[0\]"):
+                lmmetrics.perplexity(outputs, t, **kw)
+        with pytest.raises(TypeError, match=r"outputs\[0\]"):
+            lmmetrics.evaluate(z, t, reference_logits=outputs)
+    with pytest.raises(TypeError, match=r"outputs\['logits'\]"):
+        lmmetrics.perplexity({"logits": z, "past_key_values": None}, t, shift=True)
+    # what np.asarray reads as one array still goes: rows as nested lists, arrays of one shape
+    want = float(np.exp(ref_nll(z, t).mean()))
+    assert lmmetrics.perplexity(z.tolist(), t) == pytest.approx(want, rel=1e-6)
+    assert lmmetrics.perplexity([z[0], z[1]], t) == pytest.approx(want, rel=1e-6)

@@ -152,6 +152,37 @@ def test_sentencepiece_byte_fallback(sp, text):
     assert table[[sp.bos_id()] + ids + [sp.eos_id()]].sum() == utf8(text)
 
 
+def test_byte_fallback_pieces_given_as_special_tokens_are_one_byte():
+    """A byte-fallback BPE trained with tokenizers gets its <0x00>..<0xFF>
+    pieces from the trainer's special_tokens (the usual recipe: they must be
+    in the vocabulary), which makes them special added tokens; they still
+    stand for one byte each (the ByteFallback decoder writes them), where
+    they counted 0 and an encoding of CJK text or emoji fell short of its
+    UTF-8 length, silently raising the bits per byte."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator([t for t in CORPUS if t.isascii()], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, show_progress=False))
+    assert tok.get_added_tokens_decoder()[tok.token_to_id("<0xE6>")].special
+    tables = [lmmetrics.token_bytes(tok)]
+    transformers = pytest.importorskip("transformers")
+    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                   unk_token="<unk>")
+    tables.append(lmmetrics.token_bytes(wrapped))
+    for table in tables:
+        assert table[tok.token_to_id("<0xE6>")] == 1
+        assert table[[tok.token_to_id(t) for t in ("<unk>", "<s>", "</s>")]].tolist() == [0, 0, 0]
+        for text in TEXTS:
+            ids = tok.encode(text).ids
+            assert tok.decode(ids, skip_special_tokens=False) == text
+            assert table[ids].sum() == utf8(text), text
+
+
 def test_sentencepiece_dummy_prefix_is_one_byte_more():
     """With add_dummy_prefix (SentencePiece's default) the encoding starts
     with a ▁ the text does not have: one byte more, as documented."""

@@ -695,14 +695,31 @@ def test_no_shift_refuses_targets_equal_to_input_ids(files, tmp_path, capsys):
     assert "add --shift" in err
     check(main_json(capsys, "score", tmp_path / "hf.npz", tmp_path / "hf.npz", "--shift", "--json"),
           lmmetrics.evaluate(z, ids, shift=True).as_dict())
-    # labels that differ from input_ids somewhere (a masked prompt) are not certainly either: said, they are
-    # taken as said; unsaid, refused (Hugging Face's are unshifted)
+    # Hugging Face labels as they come, -100 on a masked prompt and on the padding, equal input_ids at every
+    # counted position: unshifted, also under --no-shift (which scored each token against itself, a plausible
+    # number)
     lab = ids.copy()
     lab[:, :2] = -100
+    lab[0, -3:] = -100
     np.savez(tmp_path / "masked.npz", logits=z, input_ids=ids, labels=lab)
-    assert "--no-shift" in main_error(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz")
-    check(main_json(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz", "--json", "--no-shift"),
-          lmmetrics.evaluate(z, lab).as_dict())
+    for cmd in (("score",), ("score", "--no-shift"), ("compare", "--reference", str(d / "r.npy"), "--no-shift")):
+        err = main_error(capsys, cmd[0], tmp_path / "masked.npz", tmp_path / "masked.npz", *cmd[1:])
+        assert "at every counted position" in err and "add --shift" in err, err
+    check(main_json(capsys, "score", tmp_path / "masked.npz", tmp_path / "masked.npz", "--json", "--shift"),
+          lmmetrics.evaluate(z, lab, shift=True).as_dict())
+    # labels that differ from input_ids at a counted position are not certainly either: taken as said
+    other = lab.copy()
+    other[1, 4] = (ids[1, 4] + 1) % z.shape[-1]
+    np.savez(tmp_path / "other.npz", logits=z, input_ids=ids, labels=other)
+    check(main_json(capsys, "score", tmp_path / "other.npz", tmp_path / "other.npz", "--json", "--no-shift"),
+          lmmetrics.evaluate(z, other).as_dict())
+    # a run of one repeated token, aligned and padded, is both: nothing is certain, nothing is refused
+    same = np.full_like(ids, 3)
+    same_aligned = same.copy()
+    same_aligned[:, -1] = -100
+    np.savez(tmp_path / "same.npz", logits=z, input_ids=same, labels=same_aligned)
+    check(main_json(capsys, "score", tmp_path / "same.npz", tmp_path / "same.npz", "--no-shift", "--json"),
+          lmmetrics.evaluate(z, same_aligned).as_dict())
 
 
 def test_a_hugging_face_dump_needs_shift_said(files, tmp_path, capsys):
@@ -722,14 +739,22 @@ def test_a_hugging_face_dump_needs_shift_said(files, tmp_path, capsys):
     np.savez(tmp_path / "labels_only.npz", logits=z, labels=lab)
     np.savez(tmp_path / "z_ids.npz", logits=z, input_ids=ids)
     np.save(tmp_path / "lab.npy", lab)
-    for args in ((tmp_path / "dump.pt", tmp_path / "dump.pt"), (tmp_path / "labels_only.npz",) * 2,
-                 (tmp_path / "z_ids.npz", tmp_path / "lab.npy")):
+    # beside input_ids, labels equal to them at every counted position are certainly unshifted: add --shift
+    for args in ((tmp_path / "dump.pt", tmp_path / "dump.pt"), (tmp_path / "z_ids.npz", tmp_path / "lab.npy")):
+        for cmd in (("score",), ("compare", "--reference", str(d / "r.npy"))):
+            err = main_error(capsys, cmd[0], *args, *cmd[1:])
+            assert "at every counted position" in err and "add --shift" in err, err
+    # else asked which they are
+    lab_other = lab.copy()
+    lab_other[0, 5] = (ids[0, 5] + 1) % z.shape[-1]
+    np.save(tmp_path / "lab_other.npy", lab_other)
+    for args in ((tmp_path / "labels_only.npz",) * 2, (tmp_path / "z_ids.npz", tmp_path / "lab_other.npy")):
         err = main_error(capsys, "score", *args)
         assert "Hugging Face's labels and input_ids are unshifted" in err, err
         assert "--shift if they are unshifted" in err and "--no-shift if they are already aligned" in err
         err = main_error(capsys, "compare", *args, "--reference", d / "r.npy")
         assert "--no-shift if they are already aligned" in err
-    err = main_error(capsys, "score", tmp_path / "z_ids.npz", tmp_path / "lab.npy")
+    err = main_error(capsys, "score", tmp_path / "z_ids.npz", tmp_path / "lab_other.npy")
     assert "with input_ids beside them in " + str(tmp_path / "z_ids.npz") in err
     got = main_json(capsys, "score", tmp_path / "dump.pt", tmp_path / "dump.pt", "--shift", "--json")
     keep = lab[:, 1:] >= 0

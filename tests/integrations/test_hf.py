@@ -105,6 +105,10 @@ def test_every_function_takes_a_model_output(model, batch):
                  lambda: lmmetrics.Evaluator().update(out, t), lambda: lmmetrics.bits_per_byte(out, t, tb)):
         with pytest.raises(ValueError, match="say shift=True .* or shift=False"):
             call()
+    # update() takes the batch only: the error says where shift goes
+    with pytest.raises(ValueError, match="Evaluator and the torchmetrics classes take shift= in their "
+                                         "constructor"):
+        lmmetrics.Evaluator().update(out, t)
 
 
 def test_the_off_by_one_shape_error_says_how_to_align(model, batch):

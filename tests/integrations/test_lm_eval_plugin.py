@@ -307,6 +307,16 @@ def test_importing_lmmetrics_does_not_import_lm_eval():
     assert out.stdout.strip() == "False"
 
 
+def test_without_lm_evals_hf_extra_the_import_error_says_what_to_install():
+    """`pip install lm-eval` alone brings no accelerate, which lm-eval's
+    HFLM imports: importing lmmetrics.lm_eval said only "No module named
+    'accelerate'"; it now names lm-eval's hf extra."""
+    code = ("import sys; sys.modules['accelerate'] = None\n"
+            "try:\n    import lmmetrics.lm_eval\nexcept ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True)
+    assert "pip install 'lm-eval[hf]'" in out.stdout and "accelerate" in out.stdout, out.stdout
+
+
 # `python -m lmmetrics.lm_eval ARGS`, in a fresh interpreter, as runpy runs
 # -m (alter_sys: the module runs as __main__ with sys.argv set), with one
 # change for speed: lm-eval's TaskManager indexes the --include_path tasks

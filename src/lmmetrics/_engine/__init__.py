@@ -146,6 +146,7 @@ def _shift_must_be_said(*inputs: Any) -> None:
             raise ValueError(
                 f"the logits come from {what}: say shift=True when the targets are the model's input ids or "
                 f"Hugging Face labels (position t predicts targets[..., t + 1]), or shift=False when they "
-                f"are already aligned with the logits (position t predicts targets[..., t])")
+                f"are already aligned with the logits (position t predicts targets[..., t]); Evaluator and "
+                f"the torchmetrics classes take shift= in their constructor")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -44,10 +44,24 @@ def is_cuda(x: Any) -> bool:
 
 def model_logits(x: Any) -> Any:
     """The ``.logits`` of a model output (e.g. transformers'
-    ``CausalLMOutputWithPast``); arrays, tensors and None as given."""
+    ``CausalLMOutputWithPast``); arrays, tensors and None as given. A tuple
+    or dict of a model's outputs (``return_dict=False``) is a TypeError
+    saying to pass the logits alone (np.asarray failed on it obscurely)."""
     if x is None or isinstance(x, np.ndarray) or is_torch(x):
         return x
-    return getattr(x, "logits", x)
+    if hasattr(x, "logits"):
+        return x.logits
+    if isinstance(x, Mapping) and "logits" in x:
+        raise TypeError(f"the logits are a {type(x).__name__} of model outputs: pass outputs['logits'] (or the "
+                        f"model output itself, which has .logits)")
+    if isinstance(x, (tuple, list)) and len(x) > 1 and (isinstance(x[0], np.ndarray) or is_torch(x[0])):
+        shape = tuple(x[0].shape)
+        if any(not (isinstance(e, np.ndarray) or is_torch(e)) or tuple(e.shape) != shape for e in x[1:]):
+            kinds = ", ".join(type(e).__name__ for e in x[:4]) + (", ..." if len(x) > 4 else "")
+            raise TypeError(f"the logits are a {type(x).__name__} of {kinds}, not one array: for a model's "
+                            f"outputs with return_dict=False pass the logits alone, outputs[0]; arrays of "
+                            f"different shapes go one call each")
+    return x
 
 
 def shifted(logits: Any, targets: Any, reference: Any = None) -> Tuple[Any, Any, Any]:

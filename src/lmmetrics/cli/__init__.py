@@ -167,7 +167,8 @@ or with input_ids beside them, are Hugging Face's, unshifted: say --shift,
 or --no-shift if they are aligned already. --shift refuses targets that are
 certainly aligned already (one position fewer than the logits, or labels
 equal to the dump's input_ids shifted by one); without it, targets equal to
-the dump's input_ids are refused (every token would predict itself).
+the dump's input_ids wherever counted are refused (every token would
+predict itself).
 
 table: loss and entropy in nats per token, bits per token / byte in bits,
 accuracy in %; each mean with its standard error (±), the perplexity with
