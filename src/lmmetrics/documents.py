@@ -195,7 +195,11 @@ class Documents:
 
     def corpus_bits_per_byte(self) -> float:
         """lm-eval's ``bits_per_byte``: ``-sum loglikelihood / sum bytes / ln 2``
-        (with ``token_bytes``)."""
+        (with ``token_bytes``), the NLL of every counted token over the
+        documents' bytes. `Metrics.bits_per_byte` is nanochat's: it leaves
+        out the NLL of tokens without bytes (special tokens, as a scored
+        BOS or EOS), so with such tokens counted the two differ; compare
+        each with the tool that reports it."""
         return bits_per_unit(float(np.sum(self.nll_sum)), self._weights(self._bytes(), "bytes"))
 
     def _per(self, count: float) -> float:

@@ -93,7 +93,7 @@ def entropy(p: npt.ArrayLike, base: float = 2, *, atol: float = 1e-6) -> Union[f
     1.7219
     """
     a = _dist(p, "p", atol)
-    return _out(-_xlogy(a, a).sum(axis=-1) / _log(base))
+    return _out(0.0 - _xlogy(a, a).sum(axis=-1) / _log(base))  # (0.0 - x: no -0.0 for a certain outcome)
 
 
 def cross_entropy(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
@@ -129,7 +129,7 @@ def cross_entropy(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
     a, b = _dist(p, "p", atol), _dist(q, "q", atol)
     if a.shape != b.shape:
         raise ValueError(f"p and q must have the same shape, got {a.shape} and {b.shape}")
-    return _out(-_xlogy(a, b).sum(axis=-1) / _log(base))
+    return _out(0.0 - _xlogy(a, b).sum(axis=-1) / _log(base))
 
 
 def kl_divergence(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,

@@ -100,8 +100,10 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
     ValueError
         ``bos=True`` with a tokenizer without a BOS token; a text with no
         token to score (empty, or one token with ``bos=False``); a text (or
-        ``window``) longer than the model's context; ``stride`` without
-        ``window`` or above it; the model in training mode with dropout.
+        ``window``) longer than the model's context; a token id (the BOS
+        included) past the model's input embedding (a tokenizer of another
+        model); ``stride`` without ``window`` or above it; the model in
+        training mode with dropout.
     TypeError
         ``text`` not a str or a sequence of str; a model without an output
         head; a tokenizer `lmmetrics.token_bytes` does not read (pass
@@ -151,6 +153,7 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
         w = n - 1 if window is None else window
         items += [(i, a, b, f, g) for a, b, f, g in _lm_eval_windows(n, w, w if stride is None else stride)]
     _check_context(model, max(b - a for _, a, b, _, _ in items), window)
+    _check_ids(model, sequences)
     if token_bytes is None:
         token_bytes = _table(tokenizer, model)
     ev = Evaluator(token_bytes=token_bytes, shift=False, num_threads=num_threads)
@@ -232,6 +235,21 @@ def _check_context(model: Any, longest: int, window: Optional[int]) -> None:
                              f"read it in windows")
         raise ValueError(f"window ({window}) is longer than the model's context ({context}, "
                          f"config.max_position_embeddings)")
+
+
+def _check_ids(model: Any, sequences: Sequence[Any]) -> None:
+    """A ValueError when a text's token ids (the BOS included) reach past
+    the model's input embedding: a tokenizer of another model (torch's
+    embedding said only "index out of range in self")."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    size = getattr(embeddings() if callable(embeddings) else None, "num_embeddings", None)
+    if not isinstance(size, int):
+        return
+    for i, seq in enumerate(sequences):
+        top = int(seq.max())
+        if top >= size:
+            raise ValueError(f"text {i} encodes to token id {top}, but the model's input embedding holds {size} "
+                             f"tokens (ids 0 to {size - 1}): the tokenizer is not this model's")
 
 
 def _table(tokenizer: Any, model: Any) -> Any:

@@ -150,3 +150,16 @@ def test_corpus_counts_and_log_likelihoods_are_checked():
     for words in (["1"], [0.5], {0: math.nan}):
         with pytest.raises(ValueError, match="words must be whole counts"):
             per.word_perplexity(words)
+
+
+def test_a_certain_outcome_has_entropy_plus_zero():
+    """A distribution with all its mass on one outcome: entropy and the
+    cross-entropy of it with itself are +0.0, not -0.0 (which prints as
+    '-0.0'); other values keep their sign."""
+    for p in ([1.0, 0.0], [0.0, 0.0, 1.0]):
+        for h in (probs.entropy(p), probs.cross_entropy(p, p), probs.entropy(p, base=math.e)):
+            assert h == 0.0 and math.copysign(1.0, h) == 1.0, (p, h)
+    rows = probs.entropy([[1.0, 0.0], [0.5, 0.5]])
+    assert math.copysign(1.0, rows[0]) == 1.0 and rows[1] == 1.0
+    assert probs.entropy([0.4, 0.4, 0.1, 0.1]) == pytest.approx(-sum(x * math.log2(x) for x in (0.4, 0.4, 0.1, 0.1)),
+                                                                 rel=1e-15)

@@ -279,6 +279,27 @@ def test_errors(model, tokenizer):
     assert lmmetrics.text_metrics(model, tokenizer, "the cat sat. " * 40, window=64).tokens > 64
 
 
+def test_a_tokenizer_of_another_model_is_named():
+    """Token ids past the model's input embedding (a tokenizer of a larger
+    vocabulary, or a BOS id past it) are a ValueError naming the id and the
+    embedding's size, before any forward pass (torch's embedding said only
+    'index out of range in self')."""
+    import transformers
+
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=_raw_tokenizer(), bos_token="<s>")
+    torch.manual_seed(0)
+    small = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=200, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=64)).eval()
+    text = "the cat sat on the mat."
+    top = max([tokenizer.bos_token_id] + ids_of(tokenizer, text))
+    assert top >= 200  # (the tokenizer has 300 tokens)
+    with pytest.raises(ValueError, match=f"token id {top}, but the model's input embedding holds 200 tokens"):
+        lmmetrics.text_metrics(small, tokenizer, text, progress=False)
+    with pytest.raises(ValueError, match="token id 250, but the model's input embedding holds 200"):
+        lmmetrics.text_metrics(small, tokenizer, "x", bos=250, token_bytes=np.ones(200, np.int64), progress=False)
+
+
 @pytest.mark.parametrize("window,stride", [(16, 16), (8, 3)])
 @pytest.mark.parametrize("bos", [True, False])
 def test_sliding_window_nll_token_bytes_gives_evaluates_bits_per_byte(model, tokenizer, window, stride, bos):
