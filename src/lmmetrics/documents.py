@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -28,14 +28,41 @@ COUNTS = ("tokens", "bytes", "correct", "kl_tokens")
 
 class DocumentSums:
     """Sums per document id (sorted ids, a float64 row of `COLUMNS`
-    each); adding a batch or another DocumentSums adds the rows of equal ids."""
+    each); adding a batch or another DocumentSums adds the rows of equal ids.
+
+    Added rows wait in a chain of blocks and join the table once they
+    outnumber its rows (or when it is read: `ids`, `sums`), all at once, each
+    id's rows added in the order they came (the bits of adding them one
+    batch after the other): adding a batch costs what the batch holds, not
+    the table (a table rebuilt each batch made a long evaluation with
+    document ids quadratic). The arrays are never changed in place, so a
+    `copy` shares them and the chain (it costs nothing), and what is added to
+    one copy is not in the other."""
+
+    _MIN_FOLD = 4096  # (rows waiting before they join the table, at the least)
 
     def __init__(self, ids: Optional[I64Array] = None, sums: Optional[F64Array] = None) -> None:
-        self.ids: I64Array = np.zeros(0, np.int64) if ids is None else ids
-        self.sums: F64Array = np.zeros((0, len(COLUMNS))) if sums is None else sums
+        # (the table's ids and sums, the blocks added since, newest first, and
+        # their rows: one attribute, replaced whole, so that an interrupt
+        # leaves the old state or the new one)
+        self._now: Tuple[I64Array, F64Array, Optional[_Block], int] = (
+            np.zeros(0, np.int64) if ids is None else ids, np.zeros((0, len(COLUMNS))) if sums is None else sums,
+            None, 0)
+
+    @property
+    def ids(self) -> I64Array:
+        """The document ids, ascending."""
+        return self._folded()[0]
+
+    @property
+    def sums(self) -> F64Array:
+        """A row of `COLUMNS` a document, in the order of `ids`."""
+        return self._folded()[1]
 
     def copy(self) -> DocumentSums:
-        return DocumentSums(self.ids.copy(), self.sums.copy())
+        other = DocumentSums()
+        other._now = self._now
+        return other
 
     def add_rows(self, doc: I64Array, columns: Mapping[str, F64Array]) -> None:
         """Add per-position values (each array as long as ``doc``) under
@@ -49,13 +76,33 @@ class DocumentSums:
         self.add(DocumentSums(ids.astype(np.int64), block))
 
     def add(self, other: DocumentSums) -> None:
-        if not other.ids.size:
+        ids, sums = other._folded()
+        if not ids.size:
             return
-        ids = np.union1d(self.ids, other.ids)
+        table, table_sums, waiting, n = self._now
+        self._now = (table, table_sums, _Block(ids, sums, waiting), n + ids.size)
+        if n + ids.size > max(table.size, self._MIN_FOLD):
+            self._folded()
+
+    def _folded(self) -> Tuple[I64Array, F64Array]:
+        """The table with the waiting blocks in it (folded in now, if any):
+        each id's rows summed in the order they were added (np.bincount adds
+        its weights in order)."""
+        table, table_sums, waiting, _ = self._now
+        if waiting is None:
+            return table, table_sums
+        parts = []
+        while waiting is not None:
+            parts.append(waiting)
+            waiting = waiting.before
+        all_ids = np.concatenate([table] + [b.ids for b in reversed(parts)])
+        all_sums = np.concatenate([table_sums] + [b.sums for b in reversed(parts)])
+        ids, inverse = np.unique(all_ids, return_inverse=True)
         sums = np.zeros((ids.size, len(COLUMNS)))
-        sums[np.searchsorted(ids, self.ids)] += self.sums
-        sums[np.searchsorted(ids, other.ids)] += other.sums
-        self.ids, self.sums = ids, sums
+        for i in range(len(COLUMNS)):
+            sums[:, i] = np.bincount(inverse, weights=all_sums[:, i], minlength=ids.size)
+        self._now = (ids.astype(np.int64), sums, None, 0)
+        return self._now[0], self._now[1]
 
     def state(self) -> Dict[str, List[Any]]:
         """Plain lists (picklable, JSON-ready): ``ids`` and one list a column."""
@@ -101,6 +148,16 @@ class DocumentSums:
 
     def column(self, name: str) -> F64Array:
         return self.sums[:, _COL[name]]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Rows added to a `DocumentSums` and not yet in its table: sorted
+    distinct ids, their sums, and the block added before (None: the table)."""
+
+    ids: I64Array
+    sums: F64Array
+    before: Optional[_Block]
 
 
 def _ratio(num: F64Array, den: F64Array) -> F64Array:

@@ -194,3 +194,48 @@ def test_str_labels_each_plus_minus_and_interval():
     assert _plus_minus(lines["mean_perplexity"]) == [(f"{d.stderr['mean_perplexity']:.2g}", "se, documents")]
     assert "(95%, tokens) [" in lines["perplexity"] and lines["perplexity"].endswith("(95%, documents)")
     assert all(" ± " not in ln or "(se, " in ln for ln in str(d).splitlines())
+
+
+def test_document_sums_wait_and_fold_with_the_bits_of_adding_one_batch_after_another(monkeypatch):
+    """Batches' document sums wait in a chain and join the table at once:
+    the same bits as adding each batch to the table in turn (folding after
+    every batch, as the table was rebuilt each batch before), a copy shares
+    what it holds and does not see what is added to the other, and a small
+    batch added to a large table leaves the table's arrays as they were."""
+    from lmmetrics.documents import COLUMNS, DocumentSums
+
+    rng = np.random.default_rng(5)
+    batches = []
+    for b in range(40):
+        doc = rng.integers(0, 300, 50) + (b // 10) * 100  # documents spanning batches, new ones arriving
+        batches.append((doc, {name: rng.random(50) * 10.0 ** rng.integers(-3, 8) for name in COLUMNS}))
+
+    def build(fold_each):
+        monkeypatch.setattr(DocumentSums, "_MIN_FOLD", 10**9)  # (nothing folds until read)
+        d, copies = DocumentSums(), []
+        for i, (doc, cols) in enumerate(batches):
+            d.add_rows(doc, cols)
+            if fold_each:
+                assert d.ids.size and d._now[2] is None  # (read: folded)
+            if i == 20:
+                copies.append((d.copy(), i))
+        return d, copies
+
+    each, _ = build(True)
+    waiting, copies = build(False)
+    assert waiting._now[2] is not None
+    np.testing.assert_array_equal(waiting.ids, each.ids)
+    assert np.array_equal(waiting.sums, each.sums)  # bit for bit
+    (early, i), = copies
+    alone = DocumentSums()
+    for doc, cols in batches[:i + 1]:
+        alone.add_rows(doc, cols)
+    np.testing.assert_array_equal(early.ids, alone.ids)
+    assert np.array_equal(early.sums, alone.sums)
+    # a large table: a small batch waits, the table's arrays untouched
+    monkeypatch.setattr(DocumentSums, "_MIN_FOLD", 8)
+    big = DocumentSums(np.arange(10_000, dtype=np.int64), np.ones((10_000, len(COLUMNS))))
+    table = big._now[0]
+    big.add_rows(np.array([3, 3, 20_000]), {"tokens": np.ones(3)})
+    assert big._now[0] is table and big._now[3] == 2
+    assert big.ids.size == 10_001 and big.sums[3, 0] == 3.0 and big.sums[-1, 0] == 1.0
