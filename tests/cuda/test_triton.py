@@ -1089,17 +1089,37 @@ def group_direct_launch_probe():
         same(probe, args, cons, label="hook")
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
+
+    # a hook set in place of Triton's chain, which records its calls in a
+    # list of its own named `calls` (empty until it is first called): called
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, md):
+            self.calls.append(md)
+
+    for attr in ("launch_enter_hook", "launch_exit_hook"):
+        old, rec = getattr(knobs.runtime, attr), Recorder()
+        setattr(knobs.runtime, attr, rec)
+        try:
+            same(probe, args, cons, label=attr)
+            got = launched("_run", probe, args, cons, 4)
+            assert rec in got[1][7:9], (attr, got[1][6:9])
+        finally:
+            setattr(knobs.runtime, attr, old)
     print("GROUP OK")
 
 
 def _as_direct(args):
     """The arguments of Triton's own launch as the direct launch passes
-    them: with no launch hook set (None, or an empty chain), no hooks and
+    them: with no launch hook set (None, or Triton's empty chain), no hooks and
     no launch metadata (the kernel launcher's arguments 6-8), as a Triton
     without hooks passes them."""
     from triton import knobs
 
-    if all(h is None or h.calls == [] for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)):
+    if all(h is None or (type(h) is getattr(knobs, "HookChain", None) and h.calls == [])
+           for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)):
         return [*args[:6], None, None, None, *args[9:]]
     return list(args)
 

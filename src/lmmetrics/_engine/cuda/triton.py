@@ -497,10 +497,14 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
                    kernel.launch_metadata(grid, stream, *full), enter, leave, *full)
 
 
+_HOOK_CHAIN: Any = getattr(knobs, "HookChain", None)  # (newer Tritons' launch hooks: a chain, empty by default)
+
+
 def _silent(hook: Any) -> bool:
     """Whether a launch hook of Triton's settings calls nothing: None, or
-    an empty chain of hooks (the `HookChain` of newer Tritons)."""
-    return hook is None or getattr(hook, "calls", None) == []
+    Triton's own empty chain of hooks (`HookChain`; not any other object
+    with a ``calls`` list: a hook that records its calls there is called)."""
+    return hook is None or (type(hook) is _HOOK_CHAIN and not hook.calls)
 
 
 # test hooks: shorter spans (SPAN // _span of the default's lane-rows,
