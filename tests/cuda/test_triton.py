@@ -1026,7 +1026,8 @@ def group_direct_launch_probe():
     for fn in (probe, probe_dns):
         cases += [(fn, (x, base, 8, 8, 1.0), dict(BLOCK=16, FLAG=True), 4, 0) for x in xs]
         cases += [(fn, (base, base, n, m, 2.0), dict(BLOCK=16, FLAG=False), 4, 0) for n in ints for m in (1, 3, 16)]
-        cases += [(fn, (base, base[4:], 5, 7, f), dict(BLOCK=16, FLAG=True), 4, 0) for f in (0.0, -0.0, 1e300)]
+        # (an integer and a float in one place: -1 once keyed as every float)
+        cases += [(fn, (base, base[4:], 5, 7, f), dict(BLOCK=16, FLAG=True), 4, 0) for f in (-1, 0.0, -0.0, 1e300, 3)]
         cases += [(fn, (base, base, 3, 5, 0.5), dict(BLOCK=16, FLAG=flag), w, d)
                   for w in (1, 4) for flag in (True, False) for d in (0, 1)]
 

@@ -464,15 +464,15 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
     if _direct and isinstance(fn, JITFunction) and not fn.pre_run_hooks and \
             knobs.runtime.add_stages_inspection_hook is None:
         device = driver.active.get_current_device()
-        # an integer: its value; a float: fp32; a tensor: its type, dtype
-        # and alignment (inline: a function call an argument would cost
-        # what the binder does; anything else, a bool or a numpy scalar,
-        # has no data_ptr: Triton's launch); and the settings Triton adds
-        # to its options
+        # an integer: its value; a float: fp32 (keyed by its type, which
+        # no integer equals); a tensor: its type, dtype and alignment
+        # (inline: a function call an argument would cost what the binder
+        # does; anything else, a bool or a numpy scalar, has no data_ptr:
+        # Triton's launch); and the settings Triton adds to its options
         try:
             key = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
                    getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()), *[
-                       a if type(a) is int else -1 if type(a) is float
+                       a if type(a) is int else float if type(a) is float
                        else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
         except AttributeError:
             pass
