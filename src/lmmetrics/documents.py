@@ -64,6 +64,12 @@ class DocumentSums:
         other._now = self._now
         return other
 
+    def __reduce__(self) -> Tuple[Any, Tuple[I64Array, F64Array]]:
+        # (pickled, and copied by `copy`'s module, as the table with the
+        # waiting blocks in it: the chain nests a block in each, deeper than
+        # pickle's and deepcopy's recursion past a thousand small batches)
+        return DocumentSums, self._folded()
+
     def add_rows(self, doc: I64Array, columns: Mapping[str, F64Array]) -> None:
         """Add per-position values (each array as long as ``doc``) under
         their documents' ids."""

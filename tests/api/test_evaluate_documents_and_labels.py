@@ -239,3 +239,24 @@ def test_document_sums_wait_and_fold_with_the_bits_of_adding_one_batch_after_ano
     big.add_rows(np.array([3, 3, 20_000]), {"tokens": np.ones(3)})
     assert big._now[0] is table and big._now[3] == 2
     assert big.ids.size == 10_001 and big.sums[3, 0] == 3.0 and big.sums[-1, 0] == 1.0
+
+
+def test_document_sums_of_many_small_batches_pickle_and_copy():
+    """An Evaluator given thousands of one-document batches (their sums
+    waiting in a chain, one block nested in the next) pickles and copies
+    (copy.deepcopy, copy.copy) with the sums it holds: the chain was past
+    the recursion limit of pickle and deepcopy."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(2)
+    z, t = rng.normal(size=(1, 3, 11)), rng.integers(0, 11, (1, 3))
+    ev = lmmetrics.Evaluator()
+    for i in range(3000):
+        ev.update(z, t, document_ids=np.array([i - 1500]))
+    others = [pickle.loads(pickle.dumps(ev)), copy.deepcopy(ev), copy.copy(ev)]  # (before a read folds them)
+    want = ev.state_dict()
+    for other in others:
+        assert other.state_dict() == want
+        other.update(z, t, document_ids=np.array([10**15]))  # (not in ev)
+        assert ev.state_dict() == want and other.compute().per_document.ids[-1] == 10**15
