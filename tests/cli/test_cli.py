@@ -720,6 +720,13 @@ def test_no_shift_refuses_targets_equal_to_input_ids(files, tmp_path, capsys):
     np.savez(tmp_path / "same.npz", logits=z, input_ids=same, labels=same_aligned)
     check(main_json(capsys, "score", tmp_path / "same.npz", tmp_path / "same.npz", "--no-shift", "--json"),
           lmmetrics.evaluate(z, same_aligned).as_dict())
+    # aligned targets counted at each sequence's last position only (a one-token continuation), whose next
+    # token, beyond the dump, repeats the last input id: equal to input_ids there, and no position says more
+    last = np.full_like(ids, -100)
+    last[:, -1] = ids[:, -1]
+    np.savez(tmp_path / "last.npz", logits=z, input_ids=ids, targets=last)
+    check(main_json(capsys, "score", tmp_path / "last.npz", tmp_path / "last.npz", "--no-shift", "--json"),
+          lmmetrics.evaluate(z, last).as_dict())
 
 
 def test_a_hugging_face_dump_needs_shift_said(files, tmp_path, capsys):

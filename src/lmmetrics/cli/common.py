@@ -60,8 +60,10 @@ def _check_alignment(t: npt.NDArray[np.integer[Any]], ids: Optional[npt.NDArray[
     each sequence ignored, and not also equal to ``input_ids``); without it,
     targets equal to ``input_ids`` at every counted position (unshifted
     labels, padded or with a masked prompt: every token would predict
-    itself), and not also aligned so (a run of one repeated token is both).
-    Anything less certain passes."""
+    itself), and not also equal to ``input_ids[..., t + 1]`` at every counted
+    position that has one (a run of one repeated token is both, and so are
+    aligned targets counted at each sequence's last position only, whose
+    next token the dump does not hold). Anything less certain passes."""
     if ids is None or t.ndim < 1 or t.size == 0:
         return
     counted = (t >= 0) & (t != args.ignore_index)
@@ -69,15 +71,15 @@ def _check_alignment(t: npt.NDArray[np.integer[Any]], ids: Optional[npt.NDArray[
         return
     unshifted = bool(np.array_equal(t[counted], ids[counted]))
     inner = counted[..., :-1]
-    aligned = (not counted[..., -1].any()
-               and bool(np.array_equal(t[..., :-1][inner], ids[..., 1:][inner])))
+    fits_next = bool(np.array_equal(t[..., :-1][inner], ids[..., 1:][inner]))
+    aligned = fits_next and not counted[..., -1].any()
     if args.shift:
         if aligned and not unshifted:
             raise InputError(f"--shift: these targets are already aligned: at every counted position "
                              f"targets[..., t] equals input_ids[..., t + 1] of {where} and each sequence's last "
                              f"position is ignored (shifted labels); --shift would shift them once more: drop "
                              f"--shift, and give the logits without their last position")
-    elif unshifted and not aligned:
+    elif unshifted and not fits_next:
         raise InputError(f"the targets equal input_ids of {where} at every counted position: these are unshifted "
                          f"labels (Hugging Face's), and scored without shifting every token would predict itself; "
                          f"add --shift")
