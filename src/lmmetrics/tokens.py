@@ -91,14 +91,6 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
             out[i] = _utf8_len(piece)
         out[i] += boundary
     _set_added(out, added)
-    if byte_fallback:
-        # byte pieces a tokenizers trainer was given as special_tokens (the
-        # usual way to put <0x00>..<0xFF> in the vocabulary) are special added
-        # tokens, and still one byte each: the model emits them for text it
-        # has no piece for, and the ByteFallback decoder writes them
-        for i, t in added.items():
-            if _BYTE_PIECE.match(getattr(t, "content", "")):
-                out[i] = 1
     # the model's unknown token stands for text it has no piece for: no bytes,
     # as SentencePiece's, also where it is not an added token (by its text:
     # a Unigram's unk_id may name a real piece, as transformers' XLM-R
@@ -107,6 +99,16 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     for i in [*special_ids, *([] if unk is None else [unk])]:
         if 0 <= i < n:
             out[i] = 0
+    if byte_fallback:
+        # byte pieces a tokenizers trainer was given as special_tokens (the
+        # usual way to put <0x00>..<0xFF> in the vocabulary) are special added
+        # tokens, which a transformers wrapper may list again as special
+        # (additional_special_tokens), and still one byte each: the model
+        # emits them for text it has no piece for, and the ByteFallback
+        # decoder writes them
+        for i, t in added.items():
+            if _BYTE_PIECE.match(getattr(t, "content", "")):
+                out[i] = 1
     return out
 
 
@@ -292,6 +294,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
             size_hint = len(tokenizer)
         if hasattr(tokenizer, "backend_tokenizer"):
             out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
+            special = set()  # (zeroed there, but for byte-fallback pieces)
         elif hasattr(tokenizer, "sp_model"):
             out = _from_sentencepiece_wrapper(tokenizer, size_hint)
         elif hasattr(tokenizer, "offset") and getattr(tokenizer, "_utf_vocab_size", None) == 256:

@@ -174,6 +174,11 @@ def test_byte_fallback_pieces_given_as_special_tokens_are_one_byte():
     wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                                    unk_token="<unk>")
     tables.append(lmmetrics.token_bytes(wrapped))
+    # ... also where the wrapper names them special again (all_special_ids)
+    listed = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                  unk_token="<unk>", additional_special_tokens=specials[3:])
+    assert tok.token_to_id("<0xE6>") in listed.all_special_ids
+    tables.append(lmmetrics.token_bytes(listed))
     for table in tables:
         assert table[tok.token_to_id("<0xE6>")] == 1
         assert table[[tok.token_to_id(t) for t in ("<unk>", "<s>", "</s>")]].tolist() == [0, 0, 0]
