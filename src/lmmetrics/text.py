@@ -242,7 +242,11 @@ def _check_ids(model: Any, sequences: Sequence[Any]) -> None:
     the model's input embedding: a tokenizer of another model (torch's
     embedding said only "index out of range in self")."""
     embeddings = getattr(model, "get_input_embeddings", None)
-    size = getattr(embeddings() if callable(embeddings) else None, "num_embeddings", None)
+    try:
+        layer = embeddings() if callable(embeddings) else None
+    except NotImplementedError:  # (transformers' default for a model whose embedding it cannot find: not checked)
+        return
+    size = getattr(layer, "num_embeddings", None)
     if not isinstance(size, int):
         return
     for i, seq in enumerate(sequences):

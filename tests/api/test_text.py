@@ -300,6 +300,21 @@ def test_a_tokenizer_of_another_model_is_named():
         lmmetrics.text_metrics(small, tokenizer, "x", bos=250, token_bytes=np.ones(200, np.int64), progress=False)
 
 
+def test_a_model_whose_input_embedding_transformers_cannot_find_is_scored(model, tokenizer, monkeypatch):
+    """A model of the user's own (a PreTrainedModel subclass with its own
+    get_output_embeddings) whose get_input_embeddings is transformers'
+    default, which raises NotImplementedError where it finds no embedding:
+    scored as before, the token ids left unchecked."""
+    want = lmmetrics.text_metrics(model, tokenizer, "the cat sat.", progress=False)
+
+    def unknown():
+        raise NotImplementedError("`get_input_embeddings` not auto-handled for Toy; please override in the subclass.")
+
+    monkeypatch.setattr(model, "get_input_embeddings", unknown)
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: model.lm_head)  # (transformers' asks the input's)
+    assert lmmetrics.text_metrics(model, tokenizer, "the cat sat.", progress=False).loss == want.loss
+
+
 @pytest.mark.parametrize("window,stride", [(16, 16), (8, 3)])
 @pytest.mark.parametrize("bos", [True, False])
 def test_sliding_window_nll_token_bytes_gives_evaluates_bits_per_byte(model, tokenizer, window, stride, bos):
