@@ -136,6 +136,9 @@ def test_a_tuple_or_dict_of_model_outputs_is_a_clear_error():
             lmmetrics.evaluate(z, t, reference_logits=outputs)
     with pytest.raises(TypeError, match=r"outputs\['logits'\]"):
         lmmetrics.perplexity({"logits": z, "past_key_values": None}, t, shift=True)
+    # given labels, a model's outputs put its loss first: (loss, logits, cache)
+    with pytest.raises(TypeError, match=r"pass the logits alone, outputs\[1\] \(outputs\[0\] is the loss\)"):
+        lmmetrics.perplexity((np.array(2.5, np.float32), z, Cache()), t, shift=True)
     # what np.asarray reads as one array still goes: rows as nested lists, arrays of one shape
     want = float(np.exp(ref_nll(z, t).mean()))
     assert lmmetrics.perplexity(z.tolist(), t) == pytest.approx(want, rel=1e-6)

@@ -58,8 +58,10 @@ def model_logits(x: Any) -> Any:
         shape = tuple(x[0].shape)
         if any(not (isinstance(e, np.ndarray) or is_torch(e)) or tuple(e.shape) != shape for e in x[1:]):
             kinds = ", ".join(type(e).__name__ for e in x[:4]) + (", ..." if len(x) > 4 else "")
+            # (a model given labels puts its loss, a scalar, before the logits)
+            which = "outputs[1] (outputs[0] is the loss)" if shape == () else "outputs[0]"
             raise TypeError(f"the logits are a {type(x).__name__} of {kinds}, not one array: for a model's "
-                            f"outputs with return_dict=False pass the logits alone, outputs[0]; arrays of "
+                            f"outputs with return_dict=False pass the logits alone, {which}; arrays of "
                             f"different shapes go one call each")
     return x
 
