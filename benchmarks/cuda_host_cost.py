@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--shapes", type=int, default=1, help="cycle through this many row counts (rows, rows + 1, ...)")
     ap.add_argument("--once", action="store_true", help="one run of --calls calls inside functools.reduce")
     args = ap.parse_args()
     import torch
@@ -59,14 +60,19 @@ def main() -> int:
         return out
 
     torch.empty = zeroed
-    z = torch.randn(args.rows, args.vocab).bfloat16()
-    t = torch.randint(0, args.vocab, (args.rows,))
+    zs = torch.randn(args.rows + args.shapes - 1, args.vocab).bfloat16()
+    ts = torch.randint(0, args.vocab, (args.rows + args.shapes - 1,))
+    inputs = [(zs[:args.rows + i], ts[:args.rows + i]) for i in range(args.shapes)]
+    z, t = inputs[0]
+    turn = [0]
 
     def call():
         launches.clear()
-        return lmmetrics.cross_entropy(z, t)
+        zz, tt = inputs[turn[0] % args.shapes]
+        turn[0] += 1
+        return lmmetrics.cross_entropy(zz, tt)
 
-    for _ in range(30):
+    for _ in range(max(30, args.shapes)):  # (every shape launched once)
         call()
     if args.once:
         functools.reduce(lambda a, _: call(), range(args.calls), None)
@@ -82,7 +88,8 @@ def main() -> int:
         return b * 1e6
 
     direct = _triton._direct
-    print(f"{args.rows} x {args.vocab} bfloat16 cross_entropy, host time a call (driver stubbed):")
+    shapes = f" ({args.shapes} row counts in turn)" if args.shapes > 1 else ""
+    print(f"{args.rows} x {args.vocab} bfloat16 cross_entropy{shapes}, host time a call (driver stubbed):")
     print(f"  cached launch       {best(call):7.1f} us")
     _triton._direct = False
     print(f"  Triton's launcher   {best(call):7.1f} us")

@@ -977,7 +977,7 @@ def group_direct_launch():
         for (lg, ag), (lw, aw) in zip(got, want):
             assert lg is lw, f"case {i}: another compiled kernel than triton's"
             assert ag == _as_direct(aw), f"case {i}:\n{ag}\n{aw}"
-    assert len({id(k) for k in _triton._compiled.values()}) >= 2 * 16
+    assert len({id(k) for k in _triton._compiled.values()}) == len(_triton._compiled) >= 2 * 16
     print("GROUP OK")
 
 
@@ -1057,17 +1057,22 @@ def group_direct_launch_probe():
             same(fn, args, cons, w, label=(rnd, i, fn is probe_dns, args[2:], cons, w, d))
     dev[0] = 0
     assert len(_triton._compiled) > 60, len(_triton._compiled)
-    # a full cache is emptied, and launches go on as Triton's
-    keep = _triton._MAX_KEYS
-    _triton._MAX_KEYS = 5
-    _triton._compiled.clear()
+    # values not seen (the front cache forgotten, and kept small) go to the
+    # kernel of their specialization: no launch through Triton
+    from triton.runtime.jit import JITFunction
+
+    keep, run, jit = _triton._MAX_SEEN, JITFunction.run, []
+    _triton._MAX_SEEN = 5
+    _triton._seen.clear()
+    JITFunction.run = lambda self, *a, **k: jit.append(1) or run(self, *a, **k)
     try:
-        for rnd in range(2):
-            for i, (fn, args, cons, w, d) in enumerate(cases[:12]):
-                same(fn, args, cons, w, label=("small cache", rnd, i))
-                assert len(_triton._compiled) <= 5
+        for i, (fn, args, cons, w, d) in enumerate(cases[:12]):
+            same(fn, args, cons, w, label=("values not seen", i))
+            assert len(_triton._seen) <= 5
     finally:
-        _triton._MAX_KEYS = keep
+        _triton._MAX_SEEN = keep
+        JITFunction.run = run
+    assert len(jit) == 12, len(jit)  # (same()'s own launch through Triton, each case; none of _run's)
     # the settings Triton adds to each launch's options, turned on and off
     args, cons = (base, base, 3, 8, 1.0), dict(BLOCK=16, FLAG=True)
     settings = [(knobs.runtime, "debug", True), (knobs.compilation, "instrumentation_mode", "fpsan")]

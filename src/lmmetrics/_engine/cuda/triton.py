@@ -436,16 +436,17 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 # is the call's. Here the first launch of a specialization goes through
 # Triton (which compiles it), and the compiled kernel is kept under a key
 # at least as fine as Triton's: each tensor's dtype and 16-byte alignment,
-# each integer's value (Triton specializes on its type, whether it is 1 and
-# whether it is divisible by 16: no more than its value says; classifying
-# it here cost the host ~2 us a launch), the constexprs, the warps, the
-# device and the settings Triton reads at each launch (debug,
-# instrumentation). The cache is emptied past _MAX_KEYS keys (shapes seen:
-# each new one launches through Triton once). Later launches with that key
-# call the compiled kernel's launcher with the arguments Triton's own launch
-# passes it (launch hooks and their metadata included: profilers see the
-# same launches; without a hook, as a Triton without hooks passes, none and
-# no metadata, whose building cost ~2 us a launch). The shape of
+# each integer's type, whether it is 1, divisible by 16 and within int32
+# (Triton specializes on no more than these), the constexprs, the warps,
+# the device and the settings Triton reads at each launch (debug,
+# instrumentation). In front of it, the arguments' values seen (integers as
+# they are: classifying each costs the host ~2 us a launch) go to their
+# kernel, up to _MAX_SEEN of them (then forgotten: a value not seen is
+# classified again). Later launches call the compiled kernel's launcher
+# with the arguments Triton's own launch passes it (launch hooks and their
+# metadata included: profilers see the same launches; without a hook, as a
+# Triton without hooks passes, none and no metadata, whose building cost
+# ~2 us a launch). The shape of
 # that call is Triton's (runtime/jit.py, JITFunction.run), checked for the
 # versions named here against Triton's own launch on a stubbed driver
 # (tests/cuda/test_triton.py: group_direct_launch, group_direct_launch_probe);
@@ -453,38 +454,47 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 # hook take Triton's launch every time.
 _DIRECT_VERSIONS = ("3.6.", "3.7.", "3.8.", "3.9.")
 _direct = not INTERPRET and triton.__version__.startswith(_DIRECT_VERSIONS)
-_compiled: Dict[Tuple[Any, ...], Any] = {}
-_MAX_KEYS = 4096
+_compiled: Dict[Tuple[Any, ...], Any] = {}  # Triton's specializations launched: their kernels
+_seen: Dict[Tuple[Any, ...], Any] = {}  # the arguments' values seen: their kernels
+_MAX_SEEN = 4096
 
 
 def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, Any], warps: int) -> None:
     """fn[grid](*args, **cons, num_warps=warps), past Triton's binder when a
     launch of the same specialization went through it before (above)."""
-    key = device = None
+    seen = spec = device = None
     if _direct and isinstance(fn, JITFunction) and not fn.pre_run_hooks and \
             knobs.runtime.add_stages_inspection_hook is None:
         device = driver.active.get_current_device()
-        # an integer: its value; a float: fp32 (keyed by its type, which
-        # no integer equals); a tensor: its type, dtype and alignment
-        # (inline: a function call an argument would cost what the binder
-        # does; anything else, a bool or a numpy scalar, has no data_ptr:
-        # Triton's launch); and the settings Triton adds to its options
+        # the settings Triton adds to its options; an integer: its value; a
+        # float: fp32 (keyed by its type, which no integer equals); a
+        # tensor: its type, dtype and alignment (inline: a function call an
+        # argument would cost what the binder does; anything else, a bool or
+        # a numpy scalar, has no data_ptr: Triton's launch)
+        head = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+                getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()))
         try:
-            key = (id(fn), device, warps, fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-                   getattr(knobs.compilation, "fpsan_homomorphic_casts", None), tuple(cons.items()), *[
-                       a if type(a) is int else float if type(a) is float
-                       else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
+            seen = (*head, *[a if type(a) is int else float if type(a) is float
+                             else (type(a), a.dtype, (a.data_ptr() & 15) == 0) for a in args])
         except AttributeError:
             pass
-    kernel = None if key is None else _compiled.get(key)
+    kernel = None if seen is None else _seen.get(seen)
+    if kernel is None and seen is not None:
+        # an integer: is 1, divisible by 16, int32, below 2^63 (Triton's
+        # specialization); the rest as above
+        spec = (*head, *[(a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2
+                         | (a < 0x8000000000000000) << 3 if type(a) is int else k
+                         for a, k in zip(args, seen[len(head):])])
+        kernel = _compiled.get(spec)
+        if kernel is not None:
+            _remember(seen, kernel)
     if kernel is None:
         kernel = fn[grid](*args, **cons, num_warps=warps)
         # (the launcher takes every parameter in the signature's order: the
         # kernels' constexprs come last, as cons names them)
-        if key is not None and kernel is not None and list(fn.arg_names[len(args):]) == list(cons):
-            if len(_compiled) >= _MAX_KEYS:
-                _compiled.clear()
-            _compiled[key] = kernel
+        if spec is not None and kernel is not None and list(fn.arg_names[len(args):]) == list(cons):
+            _compiled[spec] = kernel
+            _remember(seen, kernel)
         return
     stream = driver.active.get_current_stream(device)
     full = (*args, *cons.values())
@@ -498,6 +508,14 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
 
 
 _HOOK_CHAIN: Any = getattr(knobs, "HookChain", None)  # (newer Tritons' launch hooks: a chain, empty by default)
+
+
+def _remember(seen: Any, kernel: Any) -> None:
+    """seen's kernel, for its next launch (the values seen forgotten past
+    _MAX_SEEN of them)."""
+    if len(_seen) >= _MAX_SEEN:
+        _seen.clear()
+    _seen[seen] = kernel
 
 
 def _silent(hook: Any) -> bool:
