@@ -11,7 +11,7 @@ per-document aggregations (``weighted_perplexity``, ``bits_per_byte``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -31,7 +31,8 @@ class DocumentSums:
     each); adding a batch or another DocumentSums adds the rows of equal ids.
 
     Added rows wait in a chain of blocks and join the table once they
-    outnumber its rows (or when it is read: `ids`, `sums`), all at once, each
+    outnumber its rows or 1024 blocks wait (or when it is read: `ids`,
+    `sums`), all at once, each
     id's rows added in the order they came (the bits of adding them one
     batch after the other): adding a batch costs what the batch holds, not
     the table (a table rebuilt each batch made a long evaluation with
@@ -40,6 +41,7 @@ class DocumentSums:
     one copy is not in the other."""
 
     _MIN_FOLD = 4096  # (rows waiting before they join the table, at the least)
+    _MAX_BLOCKS = 1024  # (blocks waiting, at the most: a large table and small batches hold no long chain)
 
     def __init__(self, ids: Optional[I64Array] = None, sums: Optional[F64Array] = None) -> None:
         # (the table's ids and sums, the blocks added since, newest first, and
@@ -86,8 +88,9 @@ class DocumentSums:
         if not ids.size:
             return
         table, table_sums, waiting, n = self._now
-        self._now = (table, table_sums, _Block(ids, sums, waiting), n + ids.size)
-        if n + ids.size > max(table.size, self._MIN_FOLD):
+        block = _Block(ids, sums, waiting, 1 if waiting is None else waiting.depth + 1)
+        self._now = (table, table_sums, block, n + ids.size)
+        if n + ids.size > max(table.size, self._MIN_FOLD) or block.depth >= self._MAX_BLOCKS:
             self._folded()
 
     def _folded(self) -> Tuple[I64Array, F64Array]:
@@ -159,11 +162,13 @@ class DocumentSums:
 @dataclass(frozen=True)
 class _Block:
     """Rows added to a `DocumentSums` and not yet in its table: sorted
-    distinct ids, their sums, and the block added before (None: the table)."""
+    distinct ids, their sums, the block added before (None: the table)
+    and how many blocks wait, this one included."""
 
     ids: I64Array
     sums: F64Array
-    before: Optional[_Block]
+    before: Optional[_Block] = field(repr=False)  # (a long chain: no recursion in repr)
+    depth: int  # (blocks in the chain, this one included)
 
 
 def _ratio(num: F64Array, den: F64Array) -> F64Array:
