@@ -4,13 +4,12 @@ model's head applied lazily (`lmmetrics.model_logits`), long texts by
 the windows of `lmmetrics.sliding_window_nll`."""
 from __future__ import annotations
 
-import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._engine.checks import check_positive_int
+from ._engine.checks import check_positive_int, check_token_id
 from .evaluation import Evaluator, Metrics
 from .tokens import _is_tokenizers
 from .tokens import token_bytes as _token_bytes
@@ -194,13 +193,7 @@ def _bos_id(tokenizer: Any, bos: Union[bool, int]) -> Optional[int]:
                 f"only, as in the transformers perplexity guide), or the token id to put before each text, "
                 f"e.g. bos=tokenizer.eos_token_id (lm-eval's prefix where there is no BOS)")
         return int(found)
-    try:
-        i = operator.index(bos)
-    except TypeError:
-        raise TypeError(f"bos must be True, False or a token id, got {bos!r}") from None
-    if i < 0:
-        raise ValueError(f"bos must be a token id (>= 0), got {i}")
-    return i
+    return check_token_id("bos", bos, "True, False or a token id")
 
 
 def _encode(tokenizer: Any, text: str) -> List[int]:

@@ -5,14 +5,13 @@ models", and the longest context for every token."""
 from __future__ import annotations
 
 import contextlib
-import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
 from ._engine import RowResults
-from ._engine.checks import check_positive_int
+from ._engine.checks import check_positive_int, check_token_id
 from ._engine.lazy import _findings, _model_logits
 from .evaluation import Evaluator, Metrics
 from .metrics import _per_position
@@ -325,13 +324,7 @@ def _token_id(token: Any) -> int:
     if isinstance(token, (bool, np.bool_)):
         raise TypeError(f"prefix_token must be a token id, got {token!r}: pass the id itself, e.g. "
                         f"prefix_token=tokenizer.bos_token_id")
-    try:
-        i = operator.index(token)
-    except TypeError:
-        raise TypeError(f"prefix_token must be an integer token id, got {token!r}") from None
-    if i < 0:
-        raise ValueError(f"prefix_token must be a token id (>= 0), got {i}")
-    return i
+    return check_token_id("prefix_token", token)
 
 
 def _returned_logits(res: Any) -> torch.Tensor:

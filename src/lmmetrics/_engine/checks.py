@@ -4,6 +4,7 @@ TypeError / ValueError naming the argument."""
 from __future__ import annotations
 
 import numbers
+import operator
 from typing import Optional
 
 import numpy as np
@@ -22,6 +23,19 @@ def check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def check_token_id(name: str, value: object, what: str = "an integer token id") -> int:
+    """value as a token id, an integer >= 0 (anything with ``__index__``;
+    a bool is the caller's to refuse or read), else TypeError saying it must
+    be ``what``, or ValueError for a negative one."""
+    try:
+        i = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {value!r}") from None
+    if i < 0:
+        raise ValueError(f"{name} must be a token id (>= 0), got {i}")
+    return i
 
 
 def check_threads(num_threads: object) -> int:
