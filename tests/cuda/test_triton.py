@@ -1018,7 +1018,8 @@ def group_direct_launch_probe():
     base = torch.zeros(64)
     b8 = torch.zeros(64, dtype=torch.int8)
     ints = [0, 1, -1, 2, 15, 16, 17, 32, -16, -15, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -2**31, -2**31 - 1,
-            -2**31 - 16, 2**32, 2**32 + 1, 2**63 - 16, 2**63 - 1, 2**63, 2**63 + 16, 2**64 - 16, 2**64 - 1, -2**63]
+            -2**31 - 16, 2**32, 2**32 + 1, 2**63 - 16, 2**63 - 1, 2**63, 2**63 + 16, 2**64 - 16, 2**64 - 1, -2**63,
+            2**64 + 16, 2**64 + 3, -2**63 - 16, -2**63 - 3]  # (past 64 bits: refused, after their classes' kernels)
     xs = [base, base[1:], base[2:], base[4:], b8, b8[1:], b8[2:], b8[4:], b8[8:], b8[15:], b8[16:], base.bfloat16(),
           base.bfloat16()[1:], base.bfloat16()[8:], base.double()[1:], base.bool(), base.int(), base.long(),
           torch.nn.Parameter(base.clone()), base.view(8, 8).t()[0], base.view(torch.uint8)[1:]]

@@ -436,8 +436,9 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
 # is the call's. Here the first launch of a specialization goes through
 # Triton (which compiles it), and the compiled kernel is kept under a key
 # at least as fine as Triton's: each tensor's dtype and 16-byte alignment,
-# each integer's type, whether it is 1, divisible by 16 and within int32
-# (Triton specializes on no more than these), the constexprs, the warps,
+# each integer's type, whether it is 1, divisible by 16, within int32 and
+# within 64 bits (Triton specializes on no more than these, and refuses an
+# integer past 64 bits), the constexprs, the warps,
 # the device and the settings Triton reads at each launch (debug,
 # instrumentation). In front of it, the arguments' values seen (integers as
 # they are: classifying each costs the host ~2 us a launch) go to their
@@ -481,10 +482,12 @@ def _run(fn: Any, grid: Tuple[int, ...], args: Tuple[Any, ...], cons: Dict[str, 
     kernel = None if seen is None else _seen.get(seen)
     if kernel is None and seen is not None:
         # an integer: is 1, divisible by 16, int32, below 2^63 (Triton's
-        # specialization); the rest as above
+        # specialization), within 64 bits (past them Triton refuses it: no
+        # kernel of an integer within them, whose launcher may wrap it); the
+        # rest as above
         spec = (*head, *[(a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2
-                         | (a < 0x8000000000000000) << 3 if type(a) is int else k
-                         for a, k in zip(args, seen[len(head):])])
+                         | (a < 0x8000000000000000) << 3 | (-0x8000000000000000 <= a <= 0xFFFFFFFFFFFFFFFF) << 4
+                         if type(a) is int else k for a, k in zip(args, seen[len(head):])])
         kernel = _compiled.get(spec)
         if kernel is not None:
             _remember(seen, kernel)
