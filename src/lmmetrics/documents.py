@@ -31,8 +31,8 @@ class DocumentSums:
     each); adding a batch or another DocumentSums adds the rows of equal ids.
 
     Added rows wait in a chain of blocks and join the table once they
-    outnumber its rows or 1024 blocks wait (or when it is read: `ids`,
-    `sums`), all at once, each
+    outnumber its rows or the blocks waiting reach 1024 and a quarter of its
+    rows (or when it is read: `ids`, `sums`), all at once, each
     id's rows added in the order they came (the bits of adding them one
     batch after the other): adding a batch costs what the batch holds, not
     the table (a table rebuilt each batch made a long evaluation with
@@ -41,7 +41,12 @@ class DocumentSums:
     one copy is not in the other."""
 
     _MIN_FOLD = 4096  # (rows waiting before they join the table, at the least)
-    _MAX_BLOCKS = 1024  # (blocks waiting, at the most: a large table and small batches hold no long chain)
+    # (blocks waiting, at the most, or a quarter of the table's rows: a large
+    # table fed small batches holds a chain of at most a quarter of its rows,
+    # ~450 bytes a block to the table's 72 a row, and folds every
+    # table.size // 4 batches, not every 1024: a fold costs the table, and
+    # one-document batches folded every 1024 were quadratic)
+    _MAX_BLOCKS = 1024
 
     def __init__(self, ids: Optional[I64Array] = None, sums: Optional[F64Array] = None) -> None:
         # (the table's ids and sums, the blocks added since, newest first, and
@@ -90,7 +95,7 @@ class DocumentSums:
         table, table_sums, waiting, n = self._now
         block = _Block(ids, sums, waiting, 1 if waiting is None else waiting.depth + 1)
         self._now = (table, table_sums, block, n + ids.size)
-        if n + ids.size > max(table.size, self._MIN_FOLD) or block.depth >= self._MAX_BLOCKS:
+        if n + ids.size > max(table.size, self._MIN_FOLD) or block.depth >= max(self._MAX_BLOCKS, table.size >> 2):
             self._folded()
 
     def _folded(self) -> Tuple[I64Array, F64Array]:

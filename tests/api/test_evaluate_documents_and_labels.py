@@ -239,13 +239,21 @@ def test_document_sums_wait_and_fold_with_the_bits_of_adding_one_batch_after_ano
     big.add_rows(np.array([3, 3, 20_000]), {"tokens": np.ones(3)})
     assert big._now[0] is table and big._now[3] == 2
     assert big.ids.size == 10_001 and big.sums[3, 0] == 3.0 and big.sums[-1, 0] == 1.0
-    # ... and a long chain of small batches does not wait: _MAX_BLOCKS at the most
+    # ... and a long chain of small batches does not wait: _MAX_BLOCKS at the
+    # most, or a quarter of the table's rows (folding costs the table)
     monkeypatch.setattr(DocumentSums, "_MAX_BLOCKS", 3)
+    small = DocumentSums(np.arange(12, dtype=np.int64), np.ones((12, len(COLUMNS))))
     for i in range(2):
+        small.add_rows(np.array([7]), {"tokens": np.ones(1)})
+    assert small._now[2].depth == 2
+    small.add_rows(np.array([7]), {"tokens": np.ones(1)})
+    assert small._now[2] is None and small._now[1][7, 0] == 4.0
+    table = big._folded()[0]
+    for i in range(10_001 // 4 - 1):
         big.add_rows(np.array([7]), {"tokens": np.ones(1)})
-    assert big._now[2].depth == 2
+    assert big._now[0] is table and big._now[2].depth == 2499
     big.add_rows(np.array([7]), {"tokens": np.ones(1)})
-    assert big._now[2] is None and big._now[1][7, 0] == 4.0
+    assert big._now[2] is None and big._now[1][7, 0] == 2501.0
 
 
 def test_document_sums_of_many_small_batches_pickle_and_copy():
