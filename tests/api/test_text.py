@@ -275,6 +275,8 @@ def test_errors(model, tokenizer):
         lmmetrics.text_metrics(model, tokenizer, [])
     with pytest.raises(TypeError, match="bos must be"):
         lmmetrics.text_metrics(model, tokenizer, "the cat", bos="<s>")
+    with pytest.raises(TypeError, match=r"bos must be True, False or a token id, got tensor\(True\), a boolean"):
+        lmmetrics.text_metrics(model, tokenizer, "the cat", bos=torch.tensor(True))  # (was token 1, not the BOS)
     # a long text is read in windows
     assert lmmetrics.text_metrics(model, tokenizer, "the cat sat. " * 40, window=64).tokens > 64
 

@@ -234,13 +234,14 @@ def test_short_inputs_and_errors(llama):
 @pytest.mark.parametrize("prefix, error, said", [
     (True, TypeError, "prefix_token must be a token id, got True: pass the id itself"),
     (np.True_, TypeError, "prefix_token must be a token id"),
+    (torch.tensor(True), TypeError, "prefix_token must be an integer token id, got tensor\\(True\\), a boolean"),
     (1.7, TypeError, "prefix_token must be an integer token id, got 1.7"),
     ("3", TypeError, "prefix_token must be an integer token id"),
     (-1, ValueError, "prefix_token must be a token id \\(>= 0\\), got -1"),
 ])
 def test_prefix_token_is_a_token_id_never_a_guess(prefix, error, said):
-    """prefix_token=True (text_metrics' bos=True habit) was token 1, 1.7 token 1, "3" token 3:
-    another prefix than meant, silently."""
+    """prefix_token=True (text_metrics' bos=True habit) was token 1, 1.7 token 1, "3" token 3, and
+    torch.tensor(True) token 1: another prefix than meant, silently."""
     def model(x):
         return torch.zeros(*x.shape, 16)
 

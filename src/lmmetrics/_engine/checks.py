@@ -27,8 +27,11 @@ def check_positive_int(name: str, value: object) -> int:
 
 def check_token_id(name: str, value: object, what: str = "an integer token id") -> int:
     """value as a token id, an integer >= 0 (anything with ``__index__``;
-    a bool is the caller's to refuse or read), else TypeError saying it must
-    be ``what``, or ValueError for a negative one."""
+    a bool is the caller's to refuse or read, a boolean tensor or array is
+    refused), else TypeError saying it must be ``what``, or ValueError for a
+    negative one."""
+    if str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):  # (its __index__ reads it as token 0 or 1)
+        raise TypeError(f"{name} must be {what}, got {value!r}, a boolean")
     try:
         i = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
