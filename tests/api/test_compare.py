@@ -12,7 +12,8 @@ from helpers import X86_64, llama_text, log_softmax, random_logits
 
 def sigma_of_mean(x):
     n = x.size
-    v = np.var(x) / (n - 1)  # population variance / (n - 1)
+    with np.errstate(invalid="ignore"):  # (inf - inf: an infinite value's variance is NaN here)
+        v = np.var(x) / (n - 1)  # population variance / (n - 1)
     return math.sqrt(v) if v > 0 and n > 10 else 0.0
 
 
