@@ -42,6 +42,13 @@ __all__ = ["token_rank", "top_k_accuracy", "mean_reciprocal_rank", "token_confid
 #: width 1e-5 are already finer than any evaluation set fills.
 MAX_BINS = 100_000
 
+#: A confidence this close below a bin edge (relative) counts at the edge:
+#: a row whose top k logits tie, the rest ruled out, has confidence exactly
+#: 1/k, which ``exp(-ln k)`` gives up to a few ulps low (1/10 as
+#: 0.09999999999999998, in the bin below 0.1 where torchmetrics and exact
+#: arithmetic put it). It moves at most 1e-8 of a bin of 100,000.
+EDGE_RTOL = 1e-13
+
 
 def _ranks(logits: Any, targets: Any, ignore_index: Optional[int], shift: Optional[bool], softcap: Optional[float],
            num_threads: Optional[int]) -> _engine.RowResults:
@@ -253,7 +260,10 @@ class Calibration:
     correct (the first argmax is the target).
 
     Bin ``b`` holds confidences in ``[edges[b], edges[b + 1])``, the last
-    bin ``[edges[-2], 1]``. The state is counts and float64 sums, so
+    bin ``[edges[-2], 1]``; a confidence within 1e-13 (relative) below an
+    edge counts at the edge (a row whose top k logits tie, the rest ruled
+    out, has confidence exactly 1/k, which ``exp(-ln k)`` rounds a few ulps
+    low: 1/10 would fall below the edge 0.1). The state is counts and float64 sums, so
     results of batches merge exactly (`add`); build it from per-token
     arrays with `from_arrays`.
 
@@ -277,7 +287,8 @@ class Calibration:
 
     @classmethod
     def from_arrays(cls, confidence: Any, correct: Any, bins: int = 15) -> Calibration:
-        """The bins of per-token confidences (in [0, 1]) and correctness.
+        """The bins of per-token confidences (in [0, 1]) and correctness
+        (a confidence within 1e-13, relative, below an edge at the edge).
 
         Raises ValueError for bins that is not an integer from 1 to
         100,000 (TypeError for a non-integer), arrays of
@@ -291,8 +302,8 @@ class Calibration:
         if conf.size and not (np.all(conf >= 0.0) and np.all(conf <= 1.0)):
             raise ValueError("confidence must lie in [0, 1] (and not be NaN)")
         edges = np.linspace(0.0, 1.0, n + 1)
-        # bin b: edges[b] <= c < edges[b + 1], the last one closed
-        which = np.minimum(np.searchsorted(edges, conf, side="right") - 1, n - 1)
+        # bin b: edges[b] <= c < edges[b + 1], the last one closed; c within EDGE_RTOL below an edge at it
+        which = np.minimum(np.searchsorted(edges, conf * (1.0 + EDGE_RTOL), side="right") - 1, n - 1)
         conf_sum: F64Array = np.bincount(which, conf, minlength=n).astype(np.float64)
         return cls(edges, np.bincount(which, minlength=n).astype(np.int64), conf_sum,
                    np.bincount(which, ok, minlength=n).astype(np.int64))

@@ -282,6 +282,42 @@ def test_calibration_against_numpy():
     assert lmmetrics.calibration(z, t, bins=40).counts[-1] >= 1  # confidence 1.0 lands in the closed last bin
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=str)
+def test_tied_confidence_at_a_bin_edge(isa, dtype):
+    """A row whose top k logits tie, the rest ruled out, has confidence
+    exactly 1/k: at a bin edge, it is in the bin that edge opens, as exact
+    arithmetic and torchmetrics put it (exp(-ln 10) is 0.09999999999999998,
+    which was binned below 0.1)."""
+    tm = pytest.importorskip("torchmetrics.functional.classification")
+    torch = pytest.importorskip("torch")
+    for k, bins in ((10, 10), (10, 20), (10, 100), (9, 9), (17, 17), (4, 12), (2, 2)):
+        z = np.full((1, 64), -np.inf, dtype)
+        z[0, :k] = 0.0
+        cal = lmmetrics.calibration(z, np.array([0]), bins=bins)
+        assert cal.counts.tolist() == [int(b == bins // k) for b in range(bins)], (k, bins)
+    # a uniform row over 10 tokens (right, 0.1) and a row at 0.15 (wrong): one bin, [0.1, 0.2)
+    p = np.full((2, 10), 0.85 / 9)
+    p[0], p[1, 0] = 0.1, 0.15
+    z = np.log(p).astype(dtype)
+    z[0] = 0.0
+    t = np.array([0, 1])
+    want = tm.multiclass_calibration_error(torch.softmax(torch.from_numpy(z).double(), -1), torch.from_numpy(t),
+                                           num_classes=10, n_bins=10, norm="l1").item()
+    assert want == pytest.approx(abs(0.5 - 0.125))
+    got = lmmetrics.calibration(z, t, bins=10)
+    assert got.counts.tolist() == [0, 2] + [0] * 8
+    assert got.ece == pytest.approx(want, abs=1e-6)
+    ev = lmmetrics.Evaluator(calibration_bins=10)
+    ev.update(z, t)
+    assert ev.compute().ece == got.ece
+    ev.load_state_dict(ev.state_dict())  # the bin's confidence just below its edge passes the state's check
+    assert ev.compute().calibration.counts.tolist() == got.counts.tolist()
+    # user confidences: 1/10 computed either way lands at the edge; a confidence clearly below it does not
+    one = lmmetrics.Calibration.from_arrays(np.array([np.exp(-np.log(10.0)), 0.1, 0.1 - 1e-9]), np.ones(3, bool),
+                                            bins=10)
+    assert one.counts.tolist() == [1, 2] + [0] * 8
+
+
 def test_calibration_bins_merge():
     rng = np.random.default_rng(6)
     conf = rng.uniform(0, 1, 300)
