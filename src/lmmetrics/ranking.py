@@ -292,11 +292,15 @@ class Calibration:
 
         Raises ValueError for bins that is not an integer from 1 to
         100,000 (TypeError for a non-integer), arrays of
-        different sizes, or confidences outside [0, 1] or NaN.
+        different sizes, confidences outside [0, 1] or NaN, or correctness
+        values other than booleans, 0 and 1.
         """
         n = _check_bins(bins)
         conf = np.asarray(confidence, np.float64).reshape(-1)
-        ok: BoolArray = np.asarray(correct, bool).reshape(-1)
+        given = np.asarray(correct).reshape(-1)
+        ok: BoolArray = given.astype(bool)
+        if given.dtype != bool and not np.array_equal(given, ok):  # (0.5 or NaN is not a correctness)
+            raise ValueError("correct must hold booleans (or 0 and 1)")
         if conf.size != ok.size:
             raise ValueError(f"confidence holds {conf.size} values and correct {ok.size}")
         if conf.size and not (np.all(conf >= 0.0) and np.all(conf <= 1.0)):

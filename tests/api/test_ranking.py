@@ -340,6 +340,11 @@ def test_calibration_bins_merge():
         one.add(whole)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         lmmetrics.Calibration.from_arrays(np.array([1.5]), np.array([True]))
+    # correctness: booleans, or 0 and 1 (0.5 or NaN was counted correct)
+    for bad in ([0.5, 1.0], [np.nan, 0.0], [2, 0]):
+        with pytest.raises(ValueError, match="correct must hold booleans"):
+            lmmetrics.Calibration.from_arrays(np.array([0.5, 0.7]), bad, bins=2)
+    assert lmmetrics.Calibration.from_arrays(np.array([0.2, 0.7]), [1.0, 0], bins=2).accuracy.tolist() == [1.0, 0.0]
     with pytest.raises(AttributeError):
         one.counts = None  # frozen
 
