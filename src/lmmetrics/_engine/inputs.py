@@ -337,10 +337,14 @@ def check_targets_shape(shape: Tuple[int, ...], logits: DescribedLogits) -> None
 
 def _first_above(a: npt.NDArray[np.integer[Any]], limit: int) -> Optional[int]:
     """The flat index of the first entry > limit, None when there is none
-    (compared in a's own dtype: no wrap of uint64 values)."""
-    if not a.size or a.max() <= limit:
+    (compared in a's own dtype: numpy before 2 compares uint64 with a
+    Python integer in float64, where 2^63 equals 2^63 - 1)."""
+    if not a.size or limit >= np.iinfo(a.dtype).max:
         return None
-    return int(np.argmax(a.reshape(-1) > limit))
+    bound = a.dtype.type(limit)
+    if a.max() <= bound:
+        return None
+    return int(np.argmax(a.reshape(-1) > bound))
 
 
 def as_targets(targets: Any, logits: DescribedLogits, check_range: bool = True,
