@@ -45,7 +45,8 @@ class Estimate:
     value : float
     uncertainty : float
         One standard error; 0 where too few tokens were counted to give one,
-        inf where the value is infinite.
+        inf where the value is infinite or its values' squares sum past
+        float64's range (values past 1.3e154: no spread to tell).
     """
 
     value: float
@@ -349,6 +350,12 @@ def _estimate(value: float, uncertainty: float) -> Estimate:
     return Estimate(value, uncertainty if math.isfinite(value) else math.inf)
 
 
+def _spread(uncertainty: float, sums: Tuple[float, float]) -> float:
+    """A mean's uncertainty from its (sum, sum of squares): inf where the sum
+    of squares passed float64's range (llama.cpp's arithmetic gives 0 there)."""
+    return uncertainty if math.isfinite(sums[1]) else math.inf
+
+
 def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
                            same: BoolArray, in_top_k: Optional[BoolArray] = None,
                            top_k: Optional[int] = None) -> Comparison:
@@ -377,25 +384,32 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
     def sums(x: F64Array) -> Tuple[float, float]:
         return float(np.sum(x)), float(np.sum(x * x))
 
-    dp = np.exp(-nll_m) - np.exp(-nll_r)
-    dp2 = dp * dp
-    v = _llama_cpp_arithmetic(n, sums(nll_m), sums(nll_r), float(np.sum(nll_m * nll_r)), sums(kld),
-                              (float(np.sum(dp)), *sums(dp2)), int(np.count_nonzero(same)))
+    with np.errstate(over="ignore"):  # squares past float64's range (values past 1.3e154) are inf
+        dp = np.exp(-nll_m) - np.exp(-nll_r)
+        dp2 = dp * dp
+        s_m, s_r, s_k = sums(nll_m), sums(nll_r), sums(kld)
+        s_mr = float(np.sum(nll_m * nll_r))
+    v = _llama_cpp_arithmetic(n, s_m, s_r, s_mr, s_k, (float(np.sum(dp)), *sums(dp2)),
+                              int(np.count_nonzero(same)))
     # the uncertainties where llama.cpp's arithmetic gives none (NaN, inf): 0 on 10 tokens or fewer, where
-    # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token
+    # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token;
+    # inf where a sum of squares or products is (finite values past 1.3e154, a model's finite mask of
+    # -1e300 on a token the reference gives mass to): llama.cpp's 0 or a number there, a spread unknown
     many = n > 10
-    ln_unc = v.ln_ratio_unc if many and not math.isnan(v.ln_ratio_unc) else 0.0
+    wide_nll = not (math.isfinite(s_m[1]) and math.isfinite(s_r[1]) and math.isfinite(s_mr))
+    ln_unc = math.inf if wide_nll else v.ln_ratio_unc if many and not math.isnan(v.ln_ratio_unc) else 0.0
     agreement = None
     if in_top_k is not None:
         p_in = int(np.count_nonzero(in_top_k)) / n
         agreement = Estimate(p_in, math.sqrt(p_in * (1 - p_in) / (n - 1)) if n > 1 else 0.0)
     return Comparison(
         tokens=n,
-        ppl=_estimate(v.ppl, v.ppl_unc), ppl_ref=_estimate(v.ppl_base, v.ppl_base_unc),
+        ppl=_estimate(v.ppl, _spread(v.ppl_unc, s_m)), ppl_ref=_estimate(v.ppl_base, _spread(v.ppl_base_unc, s_r)),
         correlation=v.cor if math.isfinite(v.cor) else math.nan,
-        ln_ratio=_estimate(v.ln_ratio, ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc),
-        delta_ppl=_estimate(v.diff, v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
-        kld=_distribution(kld, KLD_PERCENTILES, _estimate(v.kld, v.kld_unc)),
+        ln_ratio=_estimate(v.ln_ratio, ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc if v.ratio > 0 else 0.0),
+        delta_ppl=_estimate(v.diff, math.inf if wide_nll else
+                            v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
+        kld=_distribution(kld, KLD_PERCENTILES, _estimate(v.kld, _spread(v.kld_unc, s_k))),
         delta_p=_distribution(dp, DELTA_P_PERCENTILES, Estimate(v.dp, v.dp_unc)),
         rms_delta_p=Estimate(v.rms, v.rms_unc if v.rms > 0 else 0.0),
         same_top=Estimate(v.same, v.same_unc if n > 1 else 0.0),

@@ -370,3 +370,40 @@ def test_percentiles_are_numpys_to_the_bit():
             x = np.sort(rng.standard_normal(n) * scale)
             for p in DELTA_P_PERCENTILES:
                 assert _quantile(x, p / 100) == float(np.quantile(x, p / 100)), (n, scale, p)
+
+
+def test_squares_past_float64_give_an_infinite_uncertainty():
+    """A float64 model that masks entries with -1e300 where its reference
+    does not: per-token KL (and, on a masked target, NLL) values of about
+    1e300 are finite, but their squares pass float64's range. The spread of
+    such values is not known from the sums: the uncertainty is inf, as
+    `evaluate`'s standard error is (it was 0 for the mean KL, and 4.8e148
+    for the ln(PPL ratio) of 5e299, from inf - inf taken as no spread), and
+    no overflow warning."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    n, v = 20, 8
+    r = rng.standard_normal((n, v))
+    z = r + 0.1 * rng.standard_normal((n, v))
+    z[:5, 2] = -1e300                       # the model masks token 2 on 5 rows; the reference does not
+    t = rng.integers(0, v, n)
+    t[t == 2] = 3
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    with np.errstate(over="ignore"):  # (the reference's variance of values of 1e300)
+        kl = reference_stats(r, z, t)["kld_values"]
+    assert np.isfinite(kl).all() and kl.max() > 1e299
+    assert c.kld.mean.value == pytest.approx(kl.mean(), rel=1e-12)
+    assert c.kld.mean.uncertainty == math.inf
+    assert lmmetrics.evaluate(z, t, reference_logits=r).stderr["kl"] == math.inf
+    assert math.isfinite(c.ppl.value) and math.isfinite(c.ppl.uncertainty)   # the targets keep their mass
+    t[0] = 2                                # a target the model masks: its NLL is 1e300
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    assert math.isfinite(c.ln_ratio.value) and c.ln_ratio.value > 1e298
+    assert c.ln_ratio.uncertainty == math.inf
+    assert c.ppl.value == c.ratio.value == c.delta_ppl.value == math.inf
+    assert c.ppl.uncertainty == c.ratio.uncertainty == c.delta_ppl.uncertainty == math.inf
+    assert math.isfinite(c.ppl_ref.uncertainty) and c.ppl_ref.uncertainty > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert str(lmmetrics.compare(z, t, reference_logits=r)) == str(c)
