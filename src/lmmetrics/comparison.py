@@ -175,7 +175,7 @@ class Comparison:
                         self.ratio.uncertainty, self.delta_ppl.value, self.delta_ppl.uncertainty,
                         self.kld.mean.value, self.kld.mean.uncertainty, self.delta_p.mean.value,
                         self.delta_p.mean.uncertainty, self.rms_delta_p.value, self.rms_delta_p.uncertainty,
-                        self.same_top.value, self.same_top.uncertainty)
+                        self.same_top.value, self.same_top.uncertainty, self.kld, self.delta_p)
 
     def _lines(self, v: "_Printed") -> List[Tuple[str, str]]:
         """(llama.cpp's line, its unit) for each line of the tables, with
@@ -200,15 +200,15 @@ class Comparison:
                 ("", ""),
                 ("====== KL divergence statistics ======", ""),
                 (f"Mean    KLD: {est(v.kld, v.kld_unc)}", nats),
-                (f"Maximum KLD: {self.kld.max:10.6f}", nats)] + \
-            [(f"{label(p)} KLD: {x:10.6f}", nats) for p, x in self.kld.ordered()] + \
-            [(f"Minimum KLD: {self.kld.min:10.6f}", nats),
+                (f"Maximum KLD: {_c(v.kld_values.max, '10.6f')}", nats)] + \
+            [(f"{label(p)} KLD: {_c(x, '10.6f')}", nats) for p, x in v.kld_values.ordered()] + \
+            [(f"Minimum KLD: {_c(v.kld_values.min, '10.6f')}", nats),
              ("", ""),
              ("====== Token probability statistics ======", ""),
              (f"Mean    Δp: {pct(v.dp, v.dp_unc)}", ""),
-             (f"Maximum Δp: {100 * self.delta_p.max:6.3f}%", "")] + \
-            [(f"{label(p)} Δp: {100 * x:6.3f}%", "") for p, x in self.delta_p.ordered()] + \
-            [(f"Minimum Δp: {100 * self.delta_p.min:6.3f}%", ""),
+             (f"Maximum Δp: {_c(100 * v.dp_values.max, '6.3f')}%", "")] + \
+            [(f"{label(p)} Δp: {_c(100 * x, '6.3f')}%", "") for p, x in v.dp_values.ordered()] + \
+            [(f"Minimum Δp: {_c(100 * v.dp_values.min, '6.3f')}%", ""),
              (f"RMS Δp    : {pct(v.rms, v.rms_unc)}", ""),
              (f"Same top p: {pct(v.same, v.same_unc)}", "")]
 
@@ -292,13 +292,17 @@ class _Printed(NamedTuple):
     rms_unc: float
     same: float
     same_unc: float
+    kld_values: Distribution  # (its max, min, median and percentiles)
+    dp_values: Distribution
 
 
 def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[float, float], nll_nll_base: float,
-                          kld: Tuple[float, float], p_diff: Tuple[float, float, float], n_same: int) -> _Printed:
+                          kld: Tuple[float, float], p_diff: Tuple[float, float, float], n_same: int,
+                          kld_values: F64Array, p_diff_values: F64Array) -> _Printed:
     """llama.cpp's statistics from its sums over n tokens, step for step:
     (sum, sum of squares) of the NLLs and KLs, the sum of their products,
-    (sum, of squares, of fourth powers) of Δp, and the same-top count."""
+    (sum, of squares, of fourth powers) of Δp, and the same-top count; and
+    the per-token KL and Δp for their extremes and percentiles."""
     log_ppl, log_ppl_unc = _mean_sigma(*nll, n)
     ppl = exp(log_ppl)
     ppl_unc = ppl * log_ppl_unc
@@ -316,7 +320,32 @@ def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[floa
     return _Printed(ppl, ppl_unc, ppl_base, ppl_base_unc, _div(cov, log_ppl_unc * log_base_unc),
                     ln_ratio, ln_ratio_unc, ratio, ratio * ln_ratio_unc, ppl - ppl_base, diff_unc,
                     *_mean_sigma(*kld, n), *_mean_sigma(p_diff[0], p_diff[1], n),
-                    rms, _div(0.5, rms) * mse_unc, same, _sqrt(_div(same * (1.0 - same), n - 1)))
+                    rms, _div(0.5, rms) * mse_unc, same, _sqrt(_div(same * (1.0 - same), n - 1)),
+                    _llama_cpp_distribution(kld_values, KLD_PERCENTILES),
+                    _llama_cpp_distribution(p_diff_values, DELTA_P_PERCENTILES))
+
+
+def _llama_cpp_distribution(x: F64Array, pcts: Sequence[float]) -> Distribution:
+    """The extremes and percentiles llama.cpp prints of per-token values
+    (mean left 0): stored as float (its ``kld_values``, ``p_diff_values``)
+    and sorted; a percentile interpolated in float at ``fraction * (n - 1)``,
+    the fraction itself a float (``0.999f``, 1.3e-8 above 0.999: the 99.9%
+    line of 1000 tokens moves by 1.3e-5 of the gap it interpolates); the
+    median the float mean of the middle two."""
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):  # (float's inf and NaN, as C's)
+        s = np.sort(x.astype(f32))
+        n = s.size
+
+        def percentile(p: float) -> float:
+            pos = f32(p / 100.0) * f32(n - 1)
+            ip = int(pos)
+            t = pos - f32(ip)
+            return float((f32(1.0) - t) * s[ip] + t * s[min(ip + 1, n - 1)])
+
+        median = float(f32(0.5) * (s[n // 2] + s[n // 2 - 1]) if n % 2 == 0 else s[n // 2])
+        per = {p: percentile(p) for p in pcts if p != 50.0}
+    return Distribution(Estimate(0.0, 0.0), float(s[-1]), float(s[0]), median, per)
 
 
 def _quantile(s: F64Array, f: float) -> float:
@@ -390,7 +419,7 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         s_m, s_r, s_k = sums(nll_m), sums(nll_r), sums(kld)
         s_mr = float(np.sum(nll_m * nll_r))
     v = _llama_cpp_arithmetic(n, s_m, s_r, s_mr, s_k, (float(np.sum(dp)), *sums(dp2)),
-                              int(np.count_nonzero(same)))
+                              int(np.count_nonzero(same)), kld, dp)
     # the uncertainties where llama.cpp's arithmetic gives none (NaN, inf): 0 on 10 tokens or fewer, where
     # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token;
     # inf where a sum of squares or products is (finite values past 1.3e154, a model's finite mask of
