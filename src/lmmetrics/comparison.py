@@ -45,7 +45,8 @@ class Estimate:
     value : float
     uncertainty : float
         One standard error; 0 where too few tokens were counted to give one,
-        inf where the value is infinite.
+        inf where the value is infinite or its values' squares sum past
+        float64's range (values past 1.3e154: no spread to tell).
     """
 
     value: float
@@ -174,7 +175,7 @@ class Comparison:
                         self.ratio.uncertainty, self.delta_ppl.value, self.delta_ppl.uncertainty,
                         self.kld.mean.value, self.kld.mean.uncertainty, self.delta_p.mean.value,
                         self.delta_p.mean.uncertainty, self.rms_delta_p.value, self.rms_delta_p.uncertainty,
-                        self.same_top.value, self.same_top.uncertainty)
+                        self.same_top.value, self.same_top.uncertainty, self.kld, self.delta_p)
 
     def _lines(self, v: "_Printed") -> List[Tuple[str, str]]:
         """(llama.cpp's line, its unit) for each line of the tables, with
@@ -199,15 +200,15 @@ class Comparison:
                 ("", ""),
                 ("====== KL divergence statistics ======", ""),
                 (f"Mean    KLD: {est(v.kld, v.kld_unc)}", nats),
-                (f"Maximum KLD: {self.kld.max:10.6f}", nats)] + \
-            [(f"{label(p)} KLD: {x:10.6f}", nats) for p, x in self.kld.ordered()] + \
-            [(f"Minimum KLD: {self.kld.min:10.6f}", nats),
+                (f"Maximum KLD: {_c(v.kld_values.max, '10.6f')}", nats)] + \
+            [(f"{label(p)} KLD: {_c(x, '10.6f')}", nats) for p, x in v.kld_values.ordered()] + \
+            [(f"Minimum KLD: {_c(v.kld_values.min, '10.6f')}", nats),
              ("", ""),
              ("====== Token probability statistics ======", ""),
              (f"Mean    Δp: {pct(v.dp, v.dp_unc)}", ""),
-             (f"Maximum Δp: {100 * self.delta_p.max:6.3f}%", "")] + \
-            [(f"{label(p)} Δp: {100 * x:6.3f}%", "") for p, x in self.delta_p.ordered()] + \
-            [(f"Minimum Δp: {100 * self.delta_p.min:6.3f}%", ""),
+             (f"Maximum Δp: {_c(100 * v.dp_values.max, '6.3f')}%", "")] + \
+            [(f"{label(p)} Δp: {_c(100 * x, '6.3f')}%", "") for p, x in v.dp_values.ordered()] + \
+            [(f"Minimum Δp: {_c(100 * v.dp_values.min, '6.3f')}%", ""),
              (f"RMS Δp    : {pct(v.rms, v.rms_unc)}", ""),
              (f"Same top p: {pct(v.same, v.same_unc)}", "")]
 
@@ -291,13 +292,17 @@ class _Printed(NamedTuple):
     rms_unc: float
     same: float
     same_unc: float
+    kld_values: Distribution  # (its max, min, median and percentiles)
+    dp_values: Distribution
 
 
 def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[float, float], nll_nll_base: float,
-                          kld: Tuple[float, float], p_diff: Tuple[float, float, float], n_same: int) -> _Printed:
+                          kld: Tuple[float, float], p_diff: Tuple[float, float, float], n_same: int,
+                          kld_values: F64Array, p_diff_values: F64Array) -> _Printed:
     """llama.cpp's statistics from its sums over n tokens, step for step:
     (sum, sum of squares) of the NLLs and KLs, the sum of their products,
-    (sum, of squares, of fourth powers) of Δp, and the same-top count."""
+    (sum, of squares, of fourth powers) of Δp, and the same-top count; and
+    the per-token KL and Δp for their extremes and percentiles."""
     log_ppl, log_ppl_unc = _mean_sigma(*nll, n)
     ppl = exp(log_ppl)
     ppl_unc = ppl * log_ppl_unc
@@ -315,7 +320,32 @@ def _llama_cpp_arithmetic(n: int, nll: Tuple[float, float], nll_base: Tuple[floa
     return _Printed(ppl, ppl_unc, ppl_base, ppl_base_unc, _div(cov, log_ppl_unc * log_base_unc),
                     ln_ratio, ln_ratio_unc, ratio, ratio * ln_ratio_unc, ppl - ppl_base, diff_unc,
                     *_mean_sigma(*kld, n), *_mean_sigma(p_diff[0], p_diff[1], n),
-                    rms, _div(0.5, rms) * mse_unc, same, _sqrt(_div(same * (1.0 - same), n - 1)))
+                    rms, _div(0.5, rms) * mse_unc, same, _sqrt(_div(same * (1.0 - same), n - 1)),
+                    _llama_cpp_distribution(kld_values, KLD_PERCENTILES),
+                    _llama_cpp_distribution(p_diff_values, DELTA_P_PERCENTILES))
+
+
+def _llama_cpp_distribution(x: F64Array, pcts: Sequence[float]) -> Distribution:
+    """The extremes and percentiles llama.cpp prints of per-token values
+    (mean left 0): stored as float (its ``kld_values``, ``p_diff_values``)
+    and sorted; a percentile interpolated in float at ``fraction * (n - 1)``,
+    the fraction itself a float (``0.999f``, 1.3e-8 above 0.999: the 99.9%
+    line of 1000 tokens moves by 1.3e-5 of the gap it interpolates); the
+    median the float mean of the middle two."""
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):  # (float's inf and NaN, as C's)
+        s = np.sort(x.astype(f32))
+        n = s.size
+
+        def percentile(p: float) -> float:
+            pos = f32(p / 100.0) * f32(n - 1)
+            ip = int(pos)
+            t = pos - f32(ip)
+            return float((f32(1.0) - t) * s[ip] + t * s[min(ip + 1, n - 1)])
+
+        median = float(f32(0.5) * (s[n // 2] + s[n // 2 - 1]) if n % 2 == 0 else s[n // 2])
+        per = {p: percentile(p) for p in pcts if p != 50.0}
+    return Distribution(Estimate(0.0, 0.0), float(s[-1]), float(s[0]), median, per)
 
 
 def _quantile(s: F64Array, f: float) -> float:
@@ -349,6 +379,12 @@ def _estimate(value: float, uncertainty: float) -> Estimate:
     return Estimate(value, uncertainty if math.isfinite(value) else math.inf)
 
 
+def _spread(uncertainty: float, sums: Tuple[float, float]) -> float:
+    """A mean's uncertainty from its (sum, sum of squares): inf where the sum
+    of squares passed float64's range (llama.cpp's arithmetic gives 0 there)."""
+    return uncertainty if math.isfinite(sums[1]) else math.inf
+
+
 def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
                            same: BoolArray, in_top_k: Optional[BoolArray] = None,
                            top_k: Optional[int] = None) -> Comparison:
@@ -377,25 +413,32 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
     def sums(x: F64Array) -> Tuple[float, float]:
         return float(np.sum(x)), float(np.sum(x * x))
 
-    dp = np.exp(-nll_m) - np.exp(-nll_r)
-    dp2 = dp * dp
-    v = _llama_cpp_arithmetic(n, sums(nll_m), sums(nll_r), float(np.sum(nll_m * nll_r)), sums(kld),
-                              (float(np.sum(dp)), *sums(dp2)), int(np.count_nonzero(same)))
+    with np.errstate(over="ignore"):  # squares past float64's range (values past 1.3e154) are inf
+        dp = np.exp(-nll_m) - np.exp(-nll_r)
+        dp2 = dp * dp
+        s_m, s_r, s_k = sums(nll_m), sums(nll_r), sums(kld)
+        s_mr = float(np.sum(nll_m * nll_r))
+    v = _llama_cpp_arithmetic(n, s_m, s_r, s_mr, s_k, (float(np.sum(dp)), *sums(dp2)),
+                              int(np.count_nonzero(same)), kld, dp)
     # the uncertainties where llama.cpp's arithmetic gives none (NaN, inf): 0 on 10 tokens or fewer, where
-    # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token
+    # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token;
+    # inf where a sum of squares or products is (finite values past 1.3e154, a model's finite mask of
+    # -1e300 on a token the reference gives mass to): llama.cpp's 0 or a number there, a spread unknown
     many = n > 10
-    ln_unc = v.ln_ratio_unc if many and not math.isnan(v.ln_ratio_unc) else 0.0
+    wide_nll = not (math.isfinite(s_m[1]) and math.isfinite(s_r[1]) and math.isfinite(s_mr))
+    ln_unc = math.inf if wide_nll else v.ln_ratio_unc if many and not math.isnan(v.ln_ratio_unc) else 0.0
     agreement = None
     if in_top_k is not None:
         p_in = int(np.count_nonzero(in_top_k)) / n
         agreement = Estimate(p_in, math.sqrt(p_in * (1 - p_in) / (n - 1)) if n > 1 else 0.0)
     return Comparison(
         tokens=n,
-        ppl=_estimate(v.ppl, v.ppl_unc), ppl_ref=_estimate(v.ppl_base, v.ppl_base_unc),
+        ppl=_estimate(v.ppl, _spread(v.ppl_unc, s_m)), ppl_ref=_estimate(v.ppl_base, _spread(v.ppl_base_unc, s_r)),
         correlation=v.cor if math.isfinite(v.cor) else math.nan,
-        ln_ratio=_estimate(v.ln_ratio, ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc),
-        delta_ppl=_estimate(v.diff, v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
-        kld=_distribution(kld, KLD_PERCENTILES, _estimate(v.kld, v.kld_unc)),
+        ln_ratio=_estimate(v.ln_ratio, ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc if v.ratio > 0 else 0.0),
+        delta_ppl=_estimate(v.diff, math.inf if wide_nll else
+                            v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
+        kld=_distribution(kld, KLD_PERCENTILES, _estimate(v.kld, _spread(v.kld_unc, s_k))),
         delta_p=_distribution(dp, DELTA_P_PERCENTILES, Estimate(v.dp, v.dp_unc)),
         rms_delta_p=Estimate(v.rms, v.rms_unc if v.rms > 0 else 0.0),
         same_top=Estimate(v.same, v.same_unc if n > 1 else 0.0),
