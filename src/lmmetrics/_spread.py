@@ -19,11 +19,13 @@ def mean_stderr(total: float, squares: float, n: int) -> float:
     """The standard error of a mean over ``n`` values from their sum and
     sum of squares: the sample standard deviation (n - 1) over sqrt(n),
     which is llama.cpp's ``sqrt((<x^2> - <x>^2) / (n - 1))``. nan below
-    two values; inf when a sum is."""
-    if n < 2:
+    two values or when a sum is nan; inf when a sum is infinite (of either
+    sign: a mean of -inf, as a paired difference where the reference rules
+    a target out, spreads as far as one of inf)."""
+    if n < 2 or math.isnan(total) or math.isnan(squares):
         return math.nan
     if not (math.isfinite(total) and math.isfinite(squares)):
-        return math.inf if not math.isnan(total + squares) else math.nan
+        return math.inf
     mean = total / n
     var = max(squares / n - mean * mean, 0.0) * n / (n - 1)
     return math.sqrt(var / n)

@@ -292,3 +292,20 @@ def test_a_ruled_out_target_without_bytes_leaves_bits_per_byte_and_its_stderr_fi
     again = lmmetrics.Evaluator(token_bytes=tb)
     again.load_state_dict(json.loads(json.dumps(state)))
     assert again.state_dict() == state
+
+
+def test_a_target_the_reference_rules_out_gives_loss_diff_an_infinite_stderr():
+    """The reference ruling a target out makes the paired difference -inf
+    there: loss_diff is -inf and its standard error inf, as loss's is when
+    the model rules one out (it was nan: -inf + inf in the check for NaN)."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((5, 4))
+    r = z + 0.1 * rng.standard_normal(z.shape)
+    t = np.array([0, 1, 2, 3, 0])
+    r[2, 2] = -np.inf
+    m = lmmetrics.evaluate(z, t, reference_logits=r)
+    assert m.loss_ref == math.inf and m.loss_diff == -math.inf
+    assert m.stderr["loss_diff"] == math.inf
+    z[2, 2] = -np.inf  # both rule it out: the difference there is undefined, and so the mean and its spread
+    m = lmmetrics.evaluate(z, t, reference_logits=r)
+    assert math.isnan(m.loss_diff) and math.isnan(m.stderr["loss_diff"])
