@@ -1,7 +1,8 @@
 """Standard errors from sums kept in float64 (mergeable, all-reducible):
 of a mean over tokens, of a ratio of sums (bits per byte), of a mean over
-tokens clustered by document, and of a mean over documents. Pure functions
-of sums; `lmmetrics.evaluation` keeps the sums."""
+tokens clustered by document; and of a mean over documents, from their
+values. Pure functions of sums and values; `lmmetrics.evaluation` keeps
+the sums."""
 from __future__ import annotations
 
 import math
@@ -19,14 +20,37 @@ def mean_stderr(total: float, squares: float, n: int) -> float:
     """The standard error of a mean over ``n`` values from their sum and
     sum of squares: the sample standard deviation (n - 1) over sqrt(n),
     which is llama.cpp's ``sqrt((<x^2> - <x>^2) / (n - 1))``. nan below
-    two values; inf when a sum is."""
-    if n < 2:
+    two values or when a sum is nan; inf when a sum is infinite (of either
+    sign: a mean of -inf, as a paired difference where the reference rules
+    a target out, spreads as far as one of inf)."""
+    if n < 2 or math.isnan(total) or math.isnan(squares):
         return math.nan
     if not (math.isfinite(total) and math.isfinite(squares)):
-        return math.inf if not math.isnan(total + squares) else math.nan
+        return math.inf
     mean = total / n
     var = max(squares / n - mean * mean, 0.0) * n / (n - 1)
     return math.sqrt(var / n)
+
+
+def sample_stderr(values: F64Array) -> float:
+    """The standard error of the mean of ``values`` held whole (a value a
+    document): the sample standard deviation (n - 1) over sqrt(n), as
+    `mean_stderr`, but from the deviations themselves (two passes, from the
+    first value, and scaled by the largest): exactly 0 for equal values,
+    and finite for values whose squares overflow. nan below two values or
+    with a NaN; inf with an infinite value."""
+    n = int(values.size)
+    if n < 2 or np.isnan(values).any():
+        return math.nan
+    if not np.isfinite(values).all():
+        return math.inf
+    shifted = values - values[0]
+    dev = shifted - float(np.mean(shifted))
+    scale = float(np.max(np.abs(dev)))
+    if scale == 0.0:
+        return 0.0
+    dev = dev / scale
+    return scale * math.sqrt(float(np.dot(dev, dev)) / (n - 1) / n)
 
 
 def ratio_stderr(x: float, y: float, xx: float, xy: float, yy: float, n: int) -> float:

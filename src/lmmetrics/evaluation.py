@@ -24,7 +24,7 @@ from . import _engine
 from ._engine.checks import check_positive_int
 from ._engine.inputs import as_index_array, as_table
 from ._engine.request import fsum
-from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr
+from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr, sample_stderr
 from ._engine.types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
 from .documents import COLUMNS, DocumentSums, Documents
@@ -775,15 +775,14 @@ class Evaluator:
                 continue
             v = v[~np.isnan(v)]
             out["macro_" + name] = float(np.mean(v)) if v.size else math.nan
-            se["macro_" + name] = mean_stderr(float(np.sum(v)), float(np.dot(v, v)), int(v.size))
+            se["macro_" + name] = sample_stderr(v)
         out["macro_bits_per_token"] = out["macro_loss"] / LN2
         se["macro_bits_per_token"] = se["macro_loss"] / LN2
         out["macro_perplexity"] = exp(out["macro_loss"]) if tokens.size else math.nan
         with np.errstate(over="ignore"):  # a document's perplexity past float64 is inf, as is then the mean
             ppl = np.exp(per.loss)
-            ppl_sum, ppl_sq = float(np.sum(ppl)), float(np.dot(ppl, ppl))
-        out["mean_perplexity"] = ppl_sum / ppl.size if ppl.size else math.nan
-        se["mean_perplexity"] = mean_stderr(ppl_sum, ppl_sq, int(ppl.size))
+            out["mean_perplexity"] = float(np.sum(ppl)) / ppl.size if ppl.size else math.nan
+        se["mean_perplexity"] = sample_stderr(ppl)
         clustered: Dict[str, float] = DocumentStandardErrors(loss=clustered_stderr(docs.column("nll_sum"), tokens))
         clustered["bits_per_token"] = clustered["loss"] / LN2
         if has_bytes:

@@ -292,3 +292,41 @@ def test_a_ruled_out_target_without_bytes_leaves_bits_per_byte_and_its_stderr_fi
     again = lmmetrics.Evaluator(token_bytes=tb)
     again.load_state_dict(json.loads(json.dumps(state)))
     assert again.state_dict() == state
+
+
+def test_a_target_the_reference_rules_out_gives_loss_diff_an_infinite_stderr():
+    """The reference ruling a target out makes the paired difference -inf
+    there: loss_diff is -inf and its standard error inf, as loss's is when
+    the model rules one out (it was nan: -inf + inf in the check for NaN)."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((5, 4))
+    r = z + 0.1 * rng.standard_normal(z.shape)
+    t = np.array([0, 1, 2, 3, 0])
+    r[2, 2] = -np.inf
+    m = lmmetrics.evaluate(z, t, reference_logits=r)
+    assert m.loss_ref == math.inf and m.loss_diff == -math.inf
+    assert m.stderr["loss_diff"] == math.inf
+    z[2, 2] = -np.inf  # both rule it out: the difference there is undefined, and so the mean and its spread
+    m = lmmetrics.evaluate(z, t, reference_logits=r)
+    assert math.isnan(m.loss_diff) and math.isnan(m.stderr["loss_diff"])
+
+
+def test_macro_stderr_is_exact_for_equal_documents_and_finite_past_squares_range():
+    """The macro standard errors are over the documents' values, which
+    are at hand: a two-pass standard deviation, not one from their sum of
+    squares. Equal documents give 0 (the sums gave ~3e-8 for losses of
+    ln 1000 and 5e-6 for perplexities of 1000), and perplexities past 1e154,
+    whose squares overflow, a finite number (the sums gave inf)."""
+    z = np.zeros((40, 1000), np.float32)  # every token ln 1000, every document alike
+    m = lmmetrics.evaluate(z, np.zeros(40, int), document_ids=np.arange(40) // 4)
+    for name in ("macro_loss", "macro_bits_per_token", "macro_entropy", "macro_accuracy", "mean_perplexity"):
+        assert m.stderr[name] == 0.0, name
+    v = np.array([-360.0, -362, -364, -366, -368, -370])  # the target's logit: a loss of ~360 nats a document
+    z = np.zeros((6, 4))
+    z[np.arange(6), 0] = v
+    m = lmmetrics.evaluate(z, np.zeros(6, int), document_ids=np.arange(6))
+    ppl = np.exp(m.per_document.loss)
+    scale = ppl.max()
+    want = float(np.std(ppl / scale, ddof=1) / math.sqrt(6)) * scale  # (scaled: ppl ** 2 overflows)
+    assert math.isfinite(want) and m.stderr["mean_perplexity"] == pytest.approx(want, rel=1e-12)
+    assert m.mean_perplexity == pytest.approx(float(np.mean(ppl / scale)) * scale, rel=1e-12)
