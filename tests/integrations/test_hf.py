@@ -111,6 +111,24 @@ def test_every_function_takes_a_model_output(model, batch):
         lmmetrics.Evaluator().update(out, t)
 
 
+def test_an_encoder_decoder_output_says_its_labels_take_shift_false():
+    # T5's decoder reads its labels shifted right: its logits at t predict labels[t]. The generic
+    # message ("shift=True for Hugging Face labels") led to 4.9503 for the model's own loss 5.5103
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, decoder_start_token_id=0,
+        pad_token_id=0)).eval()
+    x, y = torch.randint(1, 97, (2, 7)), torch.randint(1, 97, (2, 5))
+    y[0, 3:] = -100
+    with torch.no_grad():
+        out = t5(input_ids=x, labels=y)
+    for call in (lambda: lmmetrics.cross_entropy(out, y), lambda: lmmetrics.Evaluator().update(out, y)):
+        with pytest.raises(ValueError, match=r"encoder-decoder model's output \(Seq2SeqLMOutput\).*say "
+                                             r"shift=False when the targets are its labels"):
+            call()
+    assert lmmetrics.cross_entropy(out, y, shift=False) == pytest.approx(out.loss.item(), rel=1e-6)
+
+
 def test_the_off_by_one_shape_error_says_how_to_align(model, batch):
     ids, labels = batch
     z = model(ids).logits.detach()

@@ -143,6 +143,14 @@ def _shift_must_be_said(*inputs: Any) -> None:
             continue
         if isinstance(x, Projected) or hasattr(x, "logits"):
             what = "lmmetrics.model_logits()" if isinstance(x, Projected) else f"a model output ({type(x).__name__})"
+            if hasattr(x, "encoder_last_hidden_state"):  # (transformers' Seq2SeqLMOutput and its kind)
+                # its decoder reads the labels shifted right: "shift=True for labels" would be a wrong number
+                raise ValueError(
+                    f"the logits come from an encoder-decoder model's output ({type(x).__name__}), whose "
+                    f"decoder reads its labels shifted right (position t predicts labels[..., t]): say "
+                    f"shift=False when the targets are its labels, or shift=True when they are its "
+                    f"decoder_input_ids (position t predicts targets[..., t + 1]); Evaluator and the "
+                    f"torchmetrics classes take shift= in their constructor")
             raise ValueError(
                 f"the logits come from {what}: say shift=True when the targets are the model's input ids or "
                 f"Hugging Face labels (position t predicts targets[..., t + 1]), or shift=False when they "
