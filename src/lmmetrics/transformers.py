@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 import torch
 
+from ._engine.checks import check_shift
 from ._engine.types import F64Array
 from .documents import COLUMNS
 from .evaluation import Evaluator, Metrics
@@ -65,6 +66,23 @@ def _the_logits(outputs: Sequence[Any], labels: Any) -> Any:
     raise ValueError(f"{said}, of which {what} shaped so; leave the other outputs out with "
                      f"trainer.evaluate(ignore_keys=[...]) (their field names) or the model config's "
                      f"keys_to_ignore_at_inference")
+
+
+def _no_encoder_state(outputs: Sequence[Any], logits: Any, labels: Any) -> None:
+    """A ValueError when the outputs hold, beside the logits, another 3-D
+    tensor of the labels' batch (an encoder-decoder model's
+    ``encoder_last_hidden_state``): such a model scores position t against
+    label t, a causal LM against label t + 1, and the tensors alone do not
+    say which the model is."""
+    batch = tuple(getattr(labels, "shape", ()))[:1]
+    other = [x for x in outputs if x is not logits and isinstance(x, torch.Tensor) and x.dim() == 3
+             and tuple(x.shape[:1]) == batch]
+    if other:
+        raise ValueError(f"TrainerMetrics: the model's outputs hold, beside the logits {tuple(logits.shape)}, a "
+                         f"tensor {tuple(other[0].shape)} of the same batch, as an encoder-decoder model's "
+                         f"encoder_last_hidden_state (T5, BART: its decoder reads the labels shifted right, "
+                         f"position t predicts label t): say TrainerMetrics(shift=False) for an "
+                         f"encoder-decoder model, or shift=True for a causal LM (position t predicts label t + 1)")
 
 
 def _leaves(state: Mapping[str, Any]) -> List[Tuple[str, float]]:
@@ -125,7 +143,9 @@ class TrainerMetrics:
 
     Labels are the Trainer's (Hugging Face's unshifted ``labels``: position
     t is scored against label t + 1), ``-100`` (and any negative label)
-    not counted. Works with ``batch_eval_metrics=True`` (the rows are added
+    not counted. An encoder-decoder model (T5, BART) scores position t
+    against label t (its decoder reads the labels shifted right): give it
+    ``shift=False``. Works with ``batch_eval_metrics=True`` (the rows are added
     up batch by batch, reported at the last one), with
     ``eval_accumulation_steps``, with ``eval_do_concat_batches=False`` and
     on several ranks (DDP).
@@ -143,6 +163,14 @@ class TrainerMetrics:
         Also ``ece`` over this many equal-width confidence bins.
     ignore_index : int or None, default -100
         Labels equal to it are not counted, nor is any negative label.
+    shift : bool or None, default None
+        ``True``: position t of the logits is scored against label t + 1
+        (a causal LM's labels); ``False``: against label t (an
+        encoder-decoder model's, whose decoder reads the labels shifted
+        right). None (not said) is True, and an error at the first batch
+        whose outputs hold, beside the logits, another (batch, time, ...)
+        tensor of the labels' batch, as an encoder-decoder model's
+        ``encoder_last_hidden_state``: say which then.
 
     Raises
     ------
@@ -173,9 +201,11 @@ class TrainerMetrics:
     """
 
     def __init__(self, token_bytes: Any = None, top_k: Union[None, int, Iterable[int]] = None,
-                 calibration_bins: Optional[int] = None, ignore_index: Optional[int] = -100) -> None:
-        self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index, shift=True, top_k=top_k,
-                                    calibration_bins=calibration_bins)
+                 calibration_bins: Optional[int] = None, ignore_index: Optional[int] = -100,
+                 shift: Optional[bool] = None) -> None:
+        self._shift = check_shift(shift)
+        self._evaluator = Evaluator(token_bytes=token_bytes, ignore_index=ignore_index,
+                                    shift=self._shift is not False, top_k=top_k, calibration_bins=calibration_bins)
         self._template = self._evaluator._state_now()
         # a row: 1 (one sequence), then the sequence's state, number by number
         names = ["sequences"] + [name for name, _ in _leaves(self._template)]
@@ -233,7 +263,9 @@ class TrainerMetrics:
             No labels (the dataset has no ``labels``), several label
             tensors, logits that are not (B, T, V) (or outputs where no
             element, or several, could be the logits: leave the others out
-            with ``trainer.evaluate(ignore_keys=[...])``), or what
+            with ``trainer.evaluate(ignore_keys=[...])``), outputs that
+            hold an encoder-decoder model's encoder state beside the
+            logits while ``shift`` was not said, or what
             ``lmmetrics.Evaluator.update`` refuses (a label >= V, NaN
             logits at a counted position, shapes that do not match).
         """
@@ -244,7 +276,9 @@ class TrainerMetrics:
             raise ValueError(f"TrainerMetrics needs one labels tensor, got a tuple of {len(labels)} "
                              f"(TrainingArguments.label_names names several)")
         if isinstance(logits, (tuple, list)):
-            logits = _the_logits(logits, labels)
+            outputs, logits = logits, _the_logits(logits, labels)
+            if self._shift is None:
+                _no_encoder_state(outputs, logits, labels)
         if getattr(logits, "ndim", None) != 3:
             raise ValueError(f"TrainerMetrics needs logits shaped (batch, time, vocabulary), got shape "
                              f"{tuple(getattr(logits, 'shape', ()))}")

@@ -296,13 +296,53 @@ def test_a_mixture_of_experts_puts_its_aux_loss_before_the_logits(setup, tmp_pat
     _check(got, _reference(model, rows, token_bytes), "mixtral")
 
 
+def test_an_encoder_decoder_model_takes_shift_false(tmp_path):
+    """T5's decoder reads its labels shifted right: its logits at t predict
+    label t. Scored as a causal LM's (label t + 1) the set's loss was 5.5650
+    over 24 tokens where the model's own is 5.4612 over 30: the outputs'
+    encoder state now asks for the shift, and shift=False gives the model's
+    numbers."""
+    from transformers import T5Config, T5ForConditionalGeneration, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                                num_heads=4, decoder_start_token_id=0, pad_token_id=0)).eval()
+    rows = [{"input_ids": torch.randint(1, 97, (7,)), "labels": torch.randint(1, 97, (5,))} for _ in range(6)]
+    rows[1]["labels"][3:] = -100
+
+    def collate(batch):
+        return {k: torch.stack([b[k] for b in batch]) for k in ("input_ids", "labels")}
+
+    def evaluate(tm):
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to="none",
+                                 disable_tqdm=True, use_cpu=True, save_strategy="no")
+        return Trainer(model=model, args=args, eval_dataset=rows, data_collator=collate, **tm.hooks()).evaluate()
+
+    with pytest.raises(ValueError, match=r"encoder-decoder.*TrainerMetrics\(shift=False\)"):
+        evaluate(TrainerMetrics())
+    nll = []
+    for i in range(0, len(rows), 2):
+        batch = collate(rows[i:i + 2])
+        with torch.no_grad():
+            z = model(**batch).logits.double()
+        y = batch["labels"].reshape(-1)
+        nll += torch.nn.functional.cross_entropy(z.reshape(-1, 97)[y >= 0], y[y >= 0], reduction="none").tolist()
+    got = evaluate(TrainerMetrics(shift=False))
+    assert got["eval_tokens"] == len(nll) == 28
+    assert got["eval_token_loss"] == pytest.approx(np.mean(nll), rel=1e-6)
+
+
 def test_the_logits_among_the_outputs():
     tm = TrainerMetrics()
     labels = torch.zeros(2, 4, dtype=torch.long)
     z, other = torch.randn(2, 4, 7), torch.randn(2, 4, 3)
     want = tm.preprocess_logits_for_metrics(z, labels)
-    for outputs in ((z, other), (torch.tensor(0.5), z, (torch.randn(8, 4),)), [z]):
+    for outputs in ((torch.tensor(0.5), z, (torch.randn(8, 4),)), [z]):
         assert torch.equal(tm.preprocess_logits_for_metrics(outputs, labels), want)
+    # another tensor of the batch beside the logits (an encoder's state?): the shift must be said
+    assert torch.equal(TrainerMetrics(shift=True).preprocess_logits_for_metrics((z, other), labels), want)
+    with pytest.raises(ValueError, match=r"beside the logits \(2, 4, 7\), a tensor \(2, 4, 3\).*shift=False"):
+        tm.preprocess_logits_for_metrics((z, other), labels)
     with pytest.raises(ValueError, match=r"none is shaped so.*ignore_keys"):
         tm.preprocess_logits_for_metrics((torch.tensor(0.5), torch.randn(2, 7)), labels)
     with pytest.raises(ValueError, match=r"\(2, 5, 7\)\), none of which has the labels' \(batch, time\): the "
