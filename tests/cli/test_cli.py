@@ -447,6 +447,33 @@ def test_compare_keys_of_each_file(files, tmp_path, capsys):
     assert "name the reference logits one with --reference-key" in err
 
 
+def test_reference_key_defaults_to_key(files, tmp_path, capsys):
+    """--key names the model's array; without --reference-key the reference
+    file's array of that name is read where it holds one (a reference dump
+    laid out as the model's), not its "logits" beside it, which would be
+    compared unseen (KL of "final" against the reference's "logits")."""
+    d, z, r, t, tb = files
+    rng = np.random.default_rng(5)
+    other = rng.standard_normal(z.shape).astype(np.float32)
+    np.savez(tmp_path / "model.npz", logits=other, final=z, targets=t)
+    np.savez(tmp_path / "base.npz", logits=other, final=r)
+    nll_m, nll_r = _ref_compare_nll(z, r, t)
+    for cmd in ("compare", "score"):
+        got = main_json(capsys, cmd, tmp_path / "model.npz", tmp_path / "model.npz", "--reference",
+                        tmp_path / "base.npz", "--key", "final", "--json", "--no-shift")
+        if cmd == "compare":
+            assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+            assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
+        else:
+            assert got["loss"] == pytest.approx(nll_m, abs=2e-6)
+            assert got["loss_ref"] == pytest.approx(nll_r, abs=2e-6)
+    # a reference file without the array --key names: its logits, as before
+    np.savez(tmp_path / "base2.npz", logits=r, labels=t)
+    got = main_json(capsys, "score", tmp_path / "model.npz", tmp_path / "model.npz", "--reference",
+                    tmp_path / "base2.npz", "--key", "final", "--json", "--no-shift")
+    assert got["loss_ref"] == pytest.approx(nll_r, abs=2e-6)
+
+
 def test_version_and_help(capsys):
     from lmmetrics import __version__
     from lmmetrics.cli import main

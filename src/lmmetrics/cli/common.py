@@ -292,7 +292,9 @@ def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Nam
     ref = None
     if len(paths) > 2:
         rpath = paths[2]
-        ref = load_array(rpath, "reference logits", args.reference_key)
+        # (without --reference-key, the array --key names where the reference file holds one: the
+        # reference file's "logits" beside it would be another array, compared unseen)
+        ref = load_array(rpath, "reference logits", args.reference_key, prefer=args.key)
         _rows(ref, rpath, z.shape[1])
         if tuple(ref.shape) != tuple(raw.shape):  # (rows of other layouts would pair up unseen)
             raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} {tuple(raw.shape)}: the reference "
