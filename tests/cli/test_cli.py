@@ -167,6 +167,21 @@ def test_shift_needs_a_sequence_axis(tmp_path):
     assert res.returncode == 2 and "--shift needs logits shaped" in res.stderr
 
 
+
+def test_shift_needs_a_sequence_axis_in_every_shard(tmp_path, capsys):
+    """A shard of 1-D logits under --shift is named, and refused before any
+    shard is scored (it was found only when its turn came, unnamed)."""
+    for name in ("l", "t"):
+        (tmp_path / name).mkdir()
+    np.save(tmp_path / "l" / "p0.npy", np.zeros((2, 3, 4), np.float32))
+    np.save(tmp_path / "t" / "p0.npy", np.zeros((2, 3), np.int64))
+    np.save(tmp_path / "l" / "p1.npy", np.zeros(4, np.float32))
+    np.save(tmp_path / "t" / "p1.npy", np.zeros((), np.int64))
+    for cmd in (("score",), ("compare", "--reference", tmp_path / "l")):
+        err = main_error(capsys, cmd[0], tmp_path / "l", tmp_path / "t", "--shift", *cmd[1:])
+        assert "shard 2 of 2" in err and "p1.npy" in err and "--shift needs logits shaped (..., T, V), got (4,)" in err
+
+
 @pytest.mark.parametrize("case,needle", [
     ("missing", "no such file"),
     ("format", "unsupported format"),

@@ -37,6 +37,8 @@ def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets", *, shif
     if "int" not in kind:
         raise InputError(f"{name} must hold integers, got dtype {kind}")
     shape, rows = tuple(t.shape), tuple(logits_shape[:-1])
+    if shift and len(logits_shape) < 2:  # (checked with the shard, before any is scored)
+        raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(logits_shape)}")
     if shape != rows:
         hint = ""
         if rows and shape == rows[:-1] + (rows[-1] - 1,):  # one position fewer: aligned targets
@@ -338,8 +340,6 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
 
             yield z[a:b], None if r is None else r[a:b], tf[a:b], after
         return
-    if len(raw.shape) < 2:
-        raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
     steps = int(raw.shape[-2])
     seqs = math.prod(int(n) for n in raw.shape[:-2])  # explicit: -1 is ambiguous for (B, 0, V)
     z3 = raw.reshape(seqs, steps, vocab)
