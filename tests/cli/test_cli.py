@@ -167,6 +167,21 @@ def test_shift_needs_a_sequence_axis(tmp_path):
     assert res.returncode == 2 and "--shift needs logits shaped" in res.stderr
 
 
+
+def test_shift_needs_a_sequence_axis_in_every_shard(tmp_path, capsys):
+    """A shard of 1-D logits under --shift is named, and refused before any
+    shard is scored (it was found only when its turn came, unnamed)."""
+    for name in ("l", "t"):
+        (tmp_path / name).mkdir()
+    np.save(tmp_path / "l" / "p0.npy", np.zeros((2, 3, 4), np.float32))
+    np.save(tmp_path / "t" / "p0.npy", np.zeros((2, 3), np.int64))
+    np.save(tmp_path / "l" / "p1.npy", np.zeros(4, np.float32))
+    np.save(tmp_path / "t" / "p1.npy", np.zeros((), np.int64))
+    for cmd in (("score",), ("compare", "--reference", tmp_path / "l")):
+        err = main_error(capsys, cmd[0], tmp_path / "l", tmp_path / "t", "--shift", *cmd[1:])
+        assert "shard 2 of 2" in err and "p1.npy" in err and "--shift needs logits shaped (..., T, V), got (4,)" in err
+
+
 @pytest.mark.parametrize("case,needle", [
     ("missing", "no such file"),
     ("format", "unsupported format"),
@@ -445,6 +460,33 @@ def test_compare_keys_of_each_file(files, tmp_path, capsys):
     err = main_error(capsys, "compare", tmp_path / "quant.npz", tmp_path / "quant.npz",
                      "--reference", tmp_path / "two.npz")
     assert "name the reference logits one with --reference-key" in err
+
+
+def test_reference_key_defaults_to_key(files, tmp_path, capsys):
+    """--key names the model's array; without --reference-key the reference
+    file's array of that name is read where it holds one (a reference dump
+    laid out as the model's), not its "logits" beside it, which would be
+    compared unseen (KL of "final" against the reference's "logits")."""
+    d, z, r, t, tb = files
+    rng = np.random.default_rng(5)
+    other = rng.standard_normal(z.shape).astype(np.float32)
+    np.savez(tmp_path / "model.npz", logits=other, final=z, targets=t)
+    np.savez(tmp_path / "base.npz", logits=other, final=r)
+    nll_m, nll_r = _ref_compare_nll(z, r, t)
+    for cmd in ("compare", "score"):
+        got = main_json(capsys, cmd, tmp_path / "model.npz", tmp_path / "model.npz", "--reference",
+                        tmp_path / "base.npz", "--key", "final", "--json", "--no-shift")
+        if cmd == "compare":
+            assert math.log(got["ppl"]["value"]) == pytest.approx(nll_m, abs=2e-6)
+            assert math.log(got["ppl_ref"]["value"]) == pytest.approx(nll_r, abs=2e-6)
+        else:
+            assert got["loss"] == pytest.approx(nll_m, abs=2e-6)
+            assert got["loss_ref"] == pytest.approx(nll_r, abs=2e-6)
+    # a reference file without the array --key names: its logits, as before
+    np.savez(tmp_path / "base2.npz", logits=r, labels=t)
+    got = main_json(capsys, "score", tmp_path / "model.npz", tmp_path / "model.npz", "--reference",
+                    tmp_path / "base2.npz", "--key", "final", "--json", "--no-shift")
+    assert got["loss_ref"] == pytest.approx(nll_r, abs=2e-6)
 
 
 def test_version_and_help(capsys):

@@ -213,6 +213,11 @@ examples:
 """
 
 
+_REFERENCE_KEY_HELP = ("the array to read from the reference file (default: the one --key names, where "
+                       "the reference file holds it; else as for the logits: its only array, the one "
+                       "named logits, or its only float array)")
+
+
 def _subparser(sub: Any, name: str, help: str, description: str, epilog: Optional[str] = None,
                parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description, epilog=epilog,
@@ -268,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--reference", metavar="REFERENCE_LOGITS",
                    help="a reference model's logits (file, directory or glob), the same shape as LOGITS: adds "
                         "kl, same_top, loss_ref and the paired loss_diff")
-    s.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
+    s.add_argument("--reference-key", help=_REFERENCE_KEY_HELP)
     s.add_argument("--per-token", metavar="FILE",
                    help="write each counted position's values to FILE (.npz, or .parquet with pyarrow), chunk by "
                         "chunk: sequence, position, target, nll, rank, entropy (kl with --reference)")
@@ -288,7 +293,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--reference", metavar="REFERENCE_LOGITS",
                    help="the reference (base) model's logits, the same shape as LOGITS: a file, a "
                         "directory or a glob (required)")
-    c.add_argument("--reference-key", help="the array to read from the reference file (default as --key's)")
+    c.add_argument("--reference-key", help=_REFERENCE_KEY_HELP)
     c.add_argument("--top-k", type=_positive_int, default=None, metavar="K",
                    help="add the share of tokens whose reference top-1 is in the model's top K (reads the "
                         "logits a second time)")

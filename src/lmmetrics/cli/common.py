@@ -37,6 +37,8 @@ def _targets(t: Any, logits_shape: Sequence[int], name: str = "targets", *, shif
     if "int" not in kind:
         raise InputError(f"{name} must hold integers, got dtype {kind}")
     shape, rows = tuple(t.shape), tuple(logits_shape[:-1])
+    if shift and len(logits_shape) < 2:  # (checked with the shard, before any is scored)
+        raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(logits_shape)}")
     if shape != rows:
         hint = ""
         if rows and shape == rows[:-1] + (rows[-1] - 1,):  # one position fewer: aligned targets
@@ -292,7 +294,9 @@ def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Nam
     ref = None
     if len(paths) > 2:
         rpath = paths[2]
-        ref = load_array(rpath, "reference logits", args.reference_key)
+        # (without --reference-key, the array --key names where the reference file holds one: the
+        # reference file's "logits" beside it would be another array, compared unseen)
+        ref = load_array(rpath, "reference logits", args.reference_key, prefer=args.key)
         _rows(ref, rpath, z.shape[1])
         if tuple(ref.shape) != tuple(raw.shape):  # (rows of other layouts would pair up unseen)
             raise InputError(f"{rpath} is shaped {tuple(ref.shape)}, {lpath} {tuple(raw.shape)}: the reference "
@@ -336,8 +340,6 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
 
             yield z[a:b], None if r is None else r[a:b], tf[a:b], after
         return
-    if len(raw.shape) < 2:
-        raise InputError(f"--shift needs logits shaped (..., T, V), got {tuple(raw.shape)}")
     steps = int(raw.shape[-2])
     seqs = math.prod(int(n) for n in raw.shape[:-2])  # explicit: -1 is ambiguous for (B, 0, V)
     z3 = raw.reshape(seqs, steps, vocab)

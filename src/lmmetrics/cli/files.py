@@ -383,14 +383,15 @@ def _npz(path: str) -> Dict[str, Callable[[], Any]]:
     return {k: partial(get, k) for k in z.files}
 
 
-def load_array(path: str, role: str, key: Optional[str] = None) -> Any:
+def load_array(path: str, role: str, key: Optional[str] = None, prefer: Optional[str] = None) -> Any:
     """The array in ``path`` for ``role`` (``logits``, ``targets``, ...):
-    the one named ``key``, or the file's only array, or the one named
-    ``role`` (for ``targets``, also one named ``labels``)."""
-    return load_named(path, role, key)[1]
+    the one named ``key``; without a key the one named ``prefer`` where the
+    file holds one, else the file's only array, or the one named ``role``
+    (for ``targets``, also one named ``labels``)."""
+    return load_named(path, role, key, prefer)[1]
 
 
-def load_named(path: str, role: str, key: Optional[str] = None) -> Tuple[str, Any]:
+def load_named(path: str, role: str, key: Optional[str] = None, prefer: Optional[str] = None) -> Tuple[str, Any]:
     """`load_array`'s array with its name in the file ("" for an
     ``.npy`` or a ``.pt`` of a bare tensor)."""
     path = os.fspath(path)
@@ -404,7 +405,7 @@ def load_named(path: str, role: str, key: Optional[str] = None) -> Tuple[str, An
     try:
         if ext == ".npy":
             return "", _npy(path)  # one unnamed array: a key does not apply
-        return _pick(path, role, key, _getters(path, ext))
+        return _pick(path, role, key, _getters(path, ext), prefer)
     except OSError as e:  # permission denied, an I/O error, a file gone meanwhile
         raise FileError(f"{path}: cannot read ({role}): {e.strerror or _why(e)}") from None
 
@@ -430,12 +431,15 @@ def named_array(path: str, name: str) -> Optional[Any]:
         raise FileError(f"{path}: cannot read ({name}): {e.strerror or _why(e)}") from None
 
 
-def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]]) -> Tuple[str, Any]:
+def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[[], Any]],
+          prefer: Optional[str] = None) -> Tuple[str, Any]:
     names = sorted(getters)
     if key is not None:
         if key not in getters:
             raise FileError(f"{path}: no array named {key!r} (it holds {names})")
         return key, getters[key]()
+    if prefer is not None and prefer in getters:
+        return prefer, getters[prefer]()
     if len(getters) == 1:
         return names[0], getters[names[0]]()
     if not getters:
