@@ -152,8 +152,8 @@ def _shift_must_be_said(*inputs: Any) -> None:
                     f"decoder_input_ids (position t predicts targets[..., t + 1]); Evaluator and the "
                     f"torchmetrics classes take shift= in their constructor")
             raise ValueError(
-                f"the logits come from {what}: say shift=True when the targets are the model's input ids or "
-                f"Hugging Face labels (position t predicts targets[..., t + 1]), or shift=False when they "
+                f"the logits come from {what}: say shift=True when the targets are the model's input ids (-100 "
+                f"where padded) or Hugging Face labels (position t predicts targets[..., t + 1]), or shift=False when they "
                 f"are already aligned with the logits (position t predicts targets[..., t]); Evaluator and "
                 f"the torchmetrics classes take shift= in their constructor")
 
