@@ -105,15 +105,15 @@ class LazyHFLM(HFLM):
         why = self._refusal()
         plan = None
         if why is None:
-            vocab = int(self.model.get_input_embeddings().weight.shape[0])
-            first = self.prefix_token_id if self.prefix_token_id is not None else 0
-            n = max(1, min(8, int(self.max_length)))  # (a model with fewer positions cannot read 8)
-            probe = torch.tensor([[first] + list(range(1, n))], dtype=torch.long, device=self.device) % vocab
-            try:
+            try:  # (a model without input embeddings transformers can find: NotImplementedError)
+                vocab = int(self.model.get_input_embeddings().weight.shape[0])
+                first = self.prefix_token_id if self.prefix_token_id is not None else 0
+                n = max(1, min(8, int(self.max_length)))  # (a model with fewer positions cannot read 8)
+                probe = torch.tensor([[first] + list(range(1, n))], dtype=torch.long, device=self.device) % vocab
                 with self._forward_context():
                     plan = _findings(model_logits(self.model, probe))
-            except (TypeError, ValueError) as e:
-                why = str(e).split("\n")[0]
+            except (TypeError, ValueError, NotImplementedError) as e:
+                why = str(e).split("\n")[0] or type(e).__name__
         if plan is None:
             warnings.warn(f"{NAME}: computing log-likelihoods with HFLM's (B, T, V) logits: {why}", stacklevel=3)
         self._lmmetrics_plan = plan

@@ -253,7 +253,7 @@ def _seq2seq():
                                                d_kv=16, decoder_start_token_id=0, pad_token_id=0)).eval()
 
 
-@pytest.mark.parametrize("case", ["seq2seq", "hook on the head", "tensor parallel"])
+@pytest.mark.parametrize("case", ["seq2seq", "hook on the head", "tensor parallel", "no input embeddings"])
 def test_models_the_lazy_path_refuses_are_computed_by_hflm(model, tokenizer, case, monkeypatch):
     hook = None
     if case == "seq2seq":
@@ -262,9 +262,16 @@ def test_models_the_lazy_path_refuses_are_computed_by_hflm(model, tokenizer, cas
         m = model
         hook = m.get_output_embeddings().register_forward_hook(lambda mod, a, out: out + 0.5)
         why = "forward hook"
-    else:
+    elif case == "tensor parallel":
         m, why = model, "tensor-parallel"
         monkeypatch.setattr(m, "_tp_size", 2, raising=False)
+    else:  # (transformers' default get_input_embeddings raises NotImplementedError; it crashed the probe)
+        m, why = model, "no input embeddings here"
+
+        def absent():
+            raise NotImplementedError("no input embeddings here")
+
+        monkeypatch.setattr(m, "get_input_embeddings", absent)
     try:
         reqs = _string_requests()[:6]
         want = _lm(HFLM, m, tokenizer, batch_size=4).loglikelihood(reqs, disable_tqdm=True)
