@@ -157,6 +157,44 @@ def test_bfloat16_model_matches_hflm_with_a_float32_softmax(tokenizer, model):
     _assert_close(lazy.loglikelihood(reqs, disable_tqdm=True), want)
 
 
+@pytest.mark.parametrize("case", ["ties", "autocast"])
+def test_greedy_ties_full_window_continuations_and_autocast_match_hflm(tokenizer, case):
+    """Exact ties at the argmax (two head rows equal, every other logit 0:
+    lm-eval's argmax takes the lower index, so a continuation of the higher
+    one is not greedy), continuations of max_length tokens (the whole
+    window scored, after one context token or a left-truncated context),
+    and HFLM's mixed_precision_dtype (the forward under bfloat16 autocast,
+    the head applied outside it by the lazy path)."""
+    model, kwargs = _llama(), {}
+    if case == "ties":
+        with torch.no_grad():
+            w = model.get_output_embeddings().weight
+            v = w[7].clone() * 5
+            w.zero_()
+            w[7] = w[9] = v
+    else:
+        kwargs = {"mixed_precision_dtype": "bfloat16"}
+    reqs = []
+    for text in ["the cat sat", "naïve", "on the mat. the"]:
+        ctx = tokenizer(text).input_ids
+        ids = list(ctx)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
+            for _ in range(3):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        greedy = ids[len(ctx):]
+        reqs += [(None, ctx, greedy), (None, ctx, [9 if t == 7 else 7 if t == 0 else t for t in greedy])]
+    long = tokenizer(TEXT * 4).input_ids
+    reqs += [(None, long[:1], long[1:1 + 8]), (None, long[:-8], long[-8:])]
+    want = _lm(HFLM, model, tokenizer, batch_size=3, max_length=8, softmax_dtype="float32", logits_cache=False,
+               **kwargs)._loglikelihood_tokens(reqs, disable_tqdm=True)
+    if case == "ties":
+        assert [g for _, g in want[:6]].count(True) >= 3 and any(7 in r[2] for r in reqs)  # both outcomes, a tie
+    for batch_size in (1, 3):
+        got = _lm(LazyHFLM, model, tokenizer, batch_size=batch_size, max_length=8, **kwargs)._loglikelihood_tokens(
+            reqs, disable_tqdm=True)
+        _assert_close(got, want)
+
+
 def test_a_model_with_fewer_positions_than_the_probe(tokenizer):
     """The one-time check of the model reads at most max_length tokens: a
     model with 6 learned positions is served by the lazy path (no fallback
