@@ -280,8 +280,14 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         ids = ids[0]
     if ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:  # no token (an empty list is float32 to torch): nothing to score
+        ids = ids.long()
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got {ids.dtype}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        # an embedding takes int32 or int64 ids: not uint16 (nanoGPT's token files), int16 or uint8,
+        # in which a prefix_token past the dtype's range would not fit either
+        ids = ids.long()
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     max_length = check_positive_int("max_length", max_length)

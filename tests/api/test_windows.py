@@ -258,6 +258,25 @@ def test_input_ids_must_be_integers():
                                      max_length=2)
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.int16, np.uint8, np.int32])
+def test_ids_of_any_integer_dtype_give_the_same_numbers(llama, dtype):
+    """uint16 ids (nanoGPT's token files) and int16 ones reached the model's embedding as they were
+    ("Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int"),
+    and uint8 ids could not take a prefix_token past 255 ("value cannot be converted to type uint8")."""
+    ids = text(40, seed=2) % 250  # (uint8's range)
+    want = lmmetrics.sliding_window_nll(llama, ids, max_length=16, stride=5, prefix_token=299)
+    for given in (ids.numpy().astype(dtype), torch.from_numpy(ids.numpy().astype(dtype))):
+        got = lmmetrics.sliding_window_nll(llama, given, max_length=16, stride=5, prefix_token=299)
+        assert torch.equal(got, want)
+
+
+def test_no_ids_is_an_empty_result(llama):
+    """tokenizer("").input_ids is [], which torch reads as float32: it was refused as
+    "input_ids must hold integer token ids, got torch.float32"."""
+    for empty in ([], np.array([]), torch.tensor([]), [[]]):
+        assert lmmetrics.sliding_window_nll(llama, empty, max_length=4, prefix_token=0).shape == (0,)
+
+
 @pytest.mark.parametrize("returned, said", [
     (lambda x, lg: (lg,), "returned a tuple"),
     (lambda x, lg: lg.numpy(), "returned a numpy.ndarray"),
