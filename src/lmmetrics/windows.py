@@ -254,8 +254,8 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     ------
     ValueError
         An unknown convention, ``max_length`` or ``stride`` out of range, ids
-        that are not 1-D or (1, T), a negative ``prefix_token``, or logits of
-        the wrong shape.
+        that are not 1-D or (1, T) or are negative (labels' -100), a negative
+        ``prefix_token``, or logits of the wrong shape.
     TypeError
         The model returned no logits tensor (a tuple, an array, a dict);
         ``input_ids`` that are not integers; a ``prefix_token`` that is not
@@ -288,6 +288,10 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         # an embedding takes int32 or int64 ids: not uint16 (nanoGPT's token files), int16 or uint8,
         # in which a prefix_token past the dtype's range would not fit either
         ids = ids.long()
+    if ids.numel() and int(ids.min()) < 0:  # (a last id of -100, never read, scored 0)
+        k = int((ids < 0).nonzero()[0, 0])
+        raise ValueError(f"input_ids[{k}] is {int(ids[k])}: token ids are >= 0 (-100 is the ignore_index of "
+                         f"labels: pass the ids the model reads, without padding)")
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     max_length = check_positive_int("max_length", max_length)

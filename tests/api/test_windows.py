@@ -277,6 +277,19 @@ def test_no_ids_is_an_empty_result(llama):
         assert lmmetrics.sliding_window_nll(llama, empty, max_length=4, prefix_token=0).shape == (0,)
 
 
+@pytest.mark.parametrize("convention", ["lm-eval", "hf-guide", "max-context"])
+def test_negative_ids_are_refused_naming_the_first(llama, convention):
+    """Labels passed for ids: a last -100 is a target the model never reads, and the lm-eval
+    windows gave it an NLL of 0.0 (in nll.nansum() and nll.nanmean(), and a token fewer in
+    the metrics, silently)."""
+    ids = torch.tensor([5, 6, 7, 8, 9, -100])
+    with pytest.raises(ValueError, match=r"input_ids\[5\] is -100: token ids are >= 0"):
+        lmmetrics.sliding_window_nll(llama, ids, max_length=4, prefix_token=0, convention=convention)
+    with pytest.raises(ValueError, match=r"input_ids\[1\] is -1"):
+        lmmetrics.sliding_window_nll(llama, [3, -1, 4, -1], max_length=4, convention=convention,
+                                     token_bytes=torch.ones(V, dtype=torch.long))
+
+
 @pytest.mark.parametrize("returned, said", [
     (lambda x, lg: (lg,), "returned a tuple"),
     (lambda x, lg: lg.numpy(), "returned a numpy.ndarray"),
