@@ -80,7 +80,8 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
         nanochat's: the scored tokens' NLL over ``ln 2`` times their bytes.
         For a byte-level or byte-fallback tokenizer the bytes of a text's
         tokens add up to the UTF-8 length of the text (a SentencePiece
-        dummy prefix adds one byte, a normalizer may change the count), so
+        dummy prefix or a byte-level ``add_prefix_space=True`` adds one
+        byte, a normalizer may change the count), so
         with ``bos=True`` it is lm-eval's ``bits_per_byte`` (the text's
         summed NLL over ``ln 2`` times its UTF-8 length).
     num_threads : int or None, default None
