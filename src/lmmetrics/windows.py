@@ -255,7 +255,8 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     ValueError
         An unknown convention, ``max_length`` or ``stride`` out of range, ids
         that are not 1-D or (1, T) or are negative (labels' -100), a negative
-        ``prefix_token``, or logits of the wrong shape.
+        ``prefix_token``, an id (``prefix_token`` included) past the model's
+        input embedding, or logits of the wrong shape.
     TypeError
         The model returned no logits tensor (a tuple, an array, a dict);
         ``input_ids`` that are not integers; a ``prefix_token`` that is not
@@ -305,6 +306,12 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     else:
         seq = ids
     shift = 0 if prefix_token is None else 1  # seq[k] is input_ids[k - shift]
+    size = embedding_size(model)
+    if size is not None and seq.numel() and int(seq.max()) >= size:
+        k = int((seq >= size).nonzero()[0, 0])
+        what = "prefix_token" if k < shift else f"input_ids[{k - shift}]"
+        raise ValueError(f"{what} is {int(seq[k])}, but the model's input embedding holds {size} tokens "
+                         f"(ids 0 to {size - 1}): the ids are not this model's")
     n, T = seq.shape[0], ids.shape[0]
     windows = [(0, a, b, f, g) for a, b, f, g in _WINDOWS[convention](n, max_length, stride)]
     # with token_bytes every metric, else the NLL alone (token_nll's pass)
@@ -326,6 +333,19 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         return out
     m = ev.compute()
     return out, replace(m, ignored=T - m.tokens)
+
+
+def embedding_size(model: Any) -> Optional[int]:
+    """The number of token ids the model's input embedding holds
+    (``get_input_embeddings().num_embeddings``), None where it has none to
+    read."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    try:
+        layer = embeddings() if callable(embeddings) else None
+    except NotImplementedError:  # (transformers' default for a model whose embedding it cannot find: not checked)
+        return None
+    size = getattr(layer, "num_embeddings", None)
+    return size if isinstance(size, int) else None
 
 
 def _token_id(token: Any) -> int:

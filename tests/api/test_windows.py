@@ -290,6 +290,20 @@ def test_negative_ids_are_refused_naming_the_first(llama, convention):
                                      token_bytes=torch.ones(V, dtype=torch.long))
 
 
+def test_ids_past_the_models_embedding_are_named(llama):
+    """An id past the input embedding was torch's "index out of range in self" (or, as the last
+    token, which the model never reads, a target error at a position of a window)."""
+    ids = text(20, seed=4)
+    for k in (5, 19):
+        bad = ids.clone()
+        bad[k] = V
+        with pytest.raises(ValueError, match=rf"input_ids\[{k}\] is {V}, but the model's input embedding "
+                                             rf"holds {V} tokens"):
+            lmmetrics.sliding_window_nll(llama, bad, max_length=8, prefix_token=0)
+    with pytest.raises(ValueError, match=rf"prefix_token is {V + 7}, but the model's input embedding"):
+        lmmetrics.sliding_window_nll(llama, ids, max_length=8, prefix_token=V + 7)
+
+
 @pytest.mark.parametrize("returned, said", [
     (lambda x, lg: (lg,), "returned a tuple"),
     (lambda x, lg: lg.numpy(), "returned a numpy.ndarray"),
