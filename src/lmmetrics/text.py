@@ -13,7 +13,7 @@ from ._engine.checks import check_positive_int, check_token_id
 from .evaluation import Evaluator, Metrics
 from .tokens import _is_tokenizers
 from .tokens import token_bytes as _token_bytes
-from .windows import _check_stride, _Item, _lm_eval_windows, score_windows
+from .windows import _check_stride, _Item, _lm_eval_windows, embedding_size, score_windows
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,8 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
         nanochat's: the scored tokens' NLL over ``ln 2`` times their bytes.
         For a byte-level or byte-fallback tokenizer the bytes of a text's
         tokens add up to the UTF-8 length of the text (a SentencePiece
-        dummy prefix adds one byte, a normalizer may change the count), so
+        dummy prefix or a byte-level ``add_prefix_space=True`` adds one
+        byte, a normalizer may change the count), so
         with ``bos=True`` it is lm-eval's ``bits_per_byte`` (the text's
         summed NLL over ``ln 2`` times its UTF-8 length).
     num_threads : int or None, default None
@@ -234,13 +235,8 @@ def _check_ids(model: Any, sequences: Sequence[Any]) -> None:
     """A ValueError when a text's token ids (the BOS included) reach past
     the model's input embedding: a tokenizer of another model (torch's
     embedding said only "index out of range in self")."""
-    embeddings = getattr(model, "get_input_embeddings", None)
-    try:
-        layer = embeddings() if callable(embeddings) else None
-    except NotImplementedError:  # (transformers' default for a model whose embedding it cannot find: not checked)
-        return
-    size = getattr(layer, "num_embeddings", None)
-    if not isinstance(size, int):
+    size = embedding_size(model)
+    if size is None:
         return
     for i, seq in enumerate(sequences):
         top = int(seq.max())

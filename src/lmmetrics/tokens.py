@@ -235,7 +235,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     The sum over an encoding is the byte length of the text the tokenizer
     actually encoded: SentencePiece's dummy prefix (``add_dummy_prefix``, or
     Metaspace's ``prepend_scheme="first"``) adds a ``▁`` the text did not
-    have (one byte more per encoded text), and a normalizer that rewrites the
+    have (one byte more per encoded text), as a byte-level pre-tokenizer's
+    ``add_prefix_space=True`` adds a ``Ġ``, and a normalizer that rewrites the
     text (NFKC, collapsing spaces) changes its byte count. A pre-tokenizer
     that drops whitespace (BERT's ``BertPreTokenizer``, ``Whitespace``,
     ``WhitespaceSplit``) leaves it in no token: a WordPiece sum is the byte

@@ -254,8 +254,9 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     ------
     ValueError
         An unknown convention, ``max_length`` or ``stride`` out of range, ids
-        that are not 1-D or (1, T), a negative ``prefix_token``, or logits of
-        the wrong shape.
+        that are not 1-D or (1, T) or are negative (labels' -100), a negative
+        ``prefix_token``, an id (``prefix_token`` included) past the model's
+        input embedding, or logits of the wrong shape.
     TypeError
         The model returned no logits tensor (a tuple, an array, a dict);
         ``input_ids`` that are not integers; a ``prefix_token`` that is not
@@ -280,8 +281,18 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         ids = ids[0]
     if ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:  # no token (an empty list is float32 to torch): nothing to score
+        ids = ids.long()
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got {ids.dtype}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        # an embedding takes int32 or int64 ids: not uint16 (nanoGPT's token files), int16 or uint8,
+        # in which a prefix_token past the dtype's range would not fit either
+        ids = ids.long()
+    if ids.numel() and int(ids.min()) < 0:  # (a last id of -100, never read, scored 0)
+        k = int((ids < 0).nonzero()[0, 0])
+        raise ValueError(f"input_ids[{k}] is {int(ids[k])}: token ids are >= 0 (-100 is the ignore_index of "
+                         f"labels: pass the ids the model reads, without padding)")
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     max_length = check_positive_int("max_length", max_length)
@@ -295,6 +306,12 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
     else:
         seq = ids
     shift = 0 if prefix_token is None else 1  # seq[k] is input_ids[k - shift]
+    size = embedding_size(model)
+    if size is not None and seq.numel() and int(seq.max()) >= size:
+        k = int((seq >= size).nonzero()[0, 0])
+        what = "prefix_token" if k < shift else f"input_ids[{k - shift}]"
+        raise ValueError(f"{what} is {int(seq[k])}, but the model's input embedding holds {size} tokens "
+                         f"(ids 0 to {size - 1}): the ids are not this model's")
     n, T = seq.shape[0], ids.shape[0]
     windows = [(0, a, b, f, g) for a, b, f, g in _WINDOWS[convention](n, max_length, stride)]
     # with token_bytes every metric, else the NLL alone (token_nll's pass)
@@ -316,6 +333,19 @@ def sliding_window_nll(model: Any, input_ids: Any, *, max_length: int, stride: O
         return out
     m = ev.compute()
     return out, replace(m, ignored=T - m.tokens)
+
+
+def embedding_size(model: Any) -> Optional[int]:
+    """The number of token ids the model's input embedding holds
+    (``get_input_embeddings().num_embeddings``), None where it has none to
+    read."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    try:
+        layer = embeddings() if callable(embeddings) else None
+    except NotImplementedError:  # (transformers' default for a model whose embedding it cannot find: not checked)
+        return None
+    size = getattr(layer, "num_embeddings", None)
+    return size if isinstance(size, int) else None
 
 
 def _token_id(token: Any) -> int:

@@ -95,6 +95,22 @@ def test_byte_level_normalizer():
         assert table[ids].sum() == utf8(text)
 
 
+def test_byte_level_prefix_space_is_one_byte_more():
+    """add_prefix_space=True puts a space (Ġ) before a text that does not start with one: one
+    byte more, as documented (as SentencePiece's dummy prefix)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    table = lmmetrics.token_bytes(tok)
+    for text in TEXTS:
+        assert table[tok.encode(text).ids].sum() == utf8(text) + 1
+    assert table[tok.encode(" the fox").ids].sum() == utf8(" the fox")
+
+
 def test_unknown_token_of_a_raw_tokenizer_is_zero():
     """The model's unknown token counts no bytes where it is not an added
     token too (it counted the 5 bytes of "[UNK]"), as SentencePiece's."""

@@ -258,6 +258,52 @@ def test_input_ids_must_be_integers():
                                      max_length=2)
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.int16, np.uint8, np.int32])
+def test_ids_of_any_integer_dtype_give_the_same_numbers(llama, dtype):
+    """uint16 ids (nanoGPT's token files) and int16 ones reached the model's embedding as they were
+    ("Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int"),
+    and uint8 ids could not take a prefix_token past 255 ("value cannot be converted to type uint8")."""
+    ids = text(40, seed=2) % 250  # (uint8's range)
+    want = lmmetrics.sliding_window_nll(llama, ids, max_length=16, stride=5, prefix_token=299)
+    for given in (ids.numpy().astype(dtype), torch.from_numpy(ids.numpy().astype(dtype))):
+        got = lmmetrics.sliding_window_nll(llama, given, max_length=16, stride=5, prefix_token=299)
+        assert torch.equal(got, want)
+
+
+def test_no_ids_is_an_empty_result(llama):
+    """tokenizer("").input_ids is [], which torch reads as float32: it was refused as
+    "input_ids must hold integer token ids, got torch.float32"."""
+    for empty in ([], np.array([]), torch.tensor([]), [[]]):
+        assert lmmetrics.sliding_window_nll(llama, empty, max_length=4, prefix_token=0).shape == (0,)
+
+
+@pytest.mark.parametrize("convention", ["lm-eval", "hf-guide", "max-context"])
+def test_negative_ids_are_refused_naming_the_first(llama, convention):
+    """Labels passed for ids: a last -100 is a target the model never reads, and the lm-eval
+    windows gave it an NLL of 0.0 (in nll.nansum() and nll.nanmean(), and a token fewer in
+    the metrics, silently)."""
+    ids = torch.tensor([5, 6, 7, 8, 9, -100])
+    with pytest.raises(ValueError, match=r"input_ids\[5\] is -100: token ids are >= 0"):
+        lmmetrics.sliding_window_nll(llama, ids, max_length=4, prefix_token=0, convention=convention)
+    with pytest.raises(ValueError, match=r"input_ids\[1\] is -1"):
+        lmmetrics.sliding_window_nll(llama, [3, -1, 4, -1], max_length=4, convention=convention,
+                                     token_bytes=torch.ones(V, dtype=torch.long))
+
+
+def test_ids_past_the_models_embedding_are_named(llama):
+    """An id past the input embedding was torch's "index out of range in self" (or, as the last
+    token, which the model never reads, a target error at a position of a window)."""
+    ids = text(20, seed=4)
+    for k in (5, 19):
+        bad = ids.clone()
+        bad[k] = V
+        with pytest.raises(ValueError, match=rf"input_ids\[{k}\] is {V}, but the model's input embedding "
+                                             rf"holds {V} tokens"):
+            lmmetrics.sliding_window_nll(llama, bad, max_length=8, prefix_token=0)
+    with pytest.raises(ValueError, match=rf"prefix_token is {V + 7}, but the model's input embedding"):
+        lmmetrics.sliding_window_nll(llama, ids, max_length=8, prefix_token=V + 7)
+
+
 @pytest.mark.parametrize("returned, said", [
     (lambda x, lg: (lg,), "returned a tuple"),
     (lambda x, lg: lg.numpy(), "returned a numpy.ndarray"),
