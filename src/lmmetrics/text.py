@@ -81,7 +81,9 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
         For a byte-level or byte-fallback tokenizer the bytes of a text's
         tokens add up to the UTF-8 length of the text (a SentencePiece
         dummy prefix or a byte-level ``add_prefix_space=True`` adds one
-        byte, a normalizer may change the count), so
+        byte, a normalizer may change the count, and a special token's
+        text written in the text, ``"<s>"``, which the tokenizer reads as
+        that token, counts 0 bytes), so
         with ``bos=True`` it is lm-eval's ``bits_per_byte`` (the text's
         summed NLL over ``ln 2`` times its UTF-8 length).
     num_threads : int or None, default None
