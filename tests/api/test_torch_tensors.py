@@ -79,6 +79,37 @@ def test_bad_torch_inputs():
         lmmetrics.token_nll(z, torch.tensor([0, 1]))
 
 
+def test_a_negative_view_is_read_as_its_values(isa):
+    """A negative view (``is_neg()``: its memory holds the values negated,
+    as the imaginary part of a conjugated complex tensor does) gives the
+    numbers of the values it stands for: the core read its memory, the
+    NLL of ``x`` for ``-x``."""
+    g = torch.Generator().manual_seed(8)
+    z, r = torch.randn(6, 40, generator=g) * 3, torch.randn(6, 40, generator=g) * 3
+    y = torch.randint(0, 40, (6,), generator=g)
+    zn, rn = torch._neg_view(z), torch._neg_view(r)
+    assert zn.is_neg() and rn.is_neg()
+    neg_z, neg_r = (-z).double(), (-r).double()
+    nll = F.cross_entropy(neg_z, y, reduction="none")
+    assert (lmmetrics.token_nll(zn, y).double() - nll).abs().max().item() < 2e-6
+    assert lmmetrics.cross_entropy(zn, y) == pytest.approx(nll.mean().item(), abs=2e-6)
+    entropy = -(neg_z.softmax(1) * neg_z.log_softmax(1)).sum(1)
+    assert (lmmetrics.token_entropy(zn).double() - entropy).abs().max().item() < 2e-6
+    kl = F.kl_div(neg_z.log_softmax(1), neg_r.log_softmax(1), log_target=True, reduction="none").sum(1)
+    assert (lmmetrics.token_kl(zn, reference_logits=rn).double() - kl).abs().max().item() < 2e-6
+    assert lmmetrics.evaluate(zn, y, reference_logits=rn).loss == pytest.approx(nll.mean().item(), abs=2e-6)
+
+
+def test_tensors_without_dense_values_are_named():
+    y = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="logits is on the meta device"):
+        lmmetrics.token_nll(torch.zeros(2, 3, device="meta"), y)
+    with pytest.raises(TypeError, match="logits must be a dense.*sparse_coo"):
+        lmmetrics.token_nll(torch.zeros(2, 3).to_sparse(), y)
+    with pytest.raises(TypeError, match="reference_logits must be a dense.*sparse_coo"):
+        lmmetrics.token_kl(torch.zeros(2, 3), reference_logits=torch.zeros(2, 3).to_sparse())
+
+
 def test_torch_is_not_imported_for_numpy_input():
     code = ("import sys, numpy as np, lmmetrics; lmmetrics.token_nll(np.zeros((2, 3), np.float32), [0, 1]);"
             "lmmetrics.show_config(False); assert 'torch' not in sys.modules, 'torch imported'")

@@ -219,6 +219,20 @@ def test_torch_path_accuracy_as_documented(dev, monkeypatch):
         np.testing.assert_allclose(res.entropy, ref_entropy(zf), rtol=0, atol=1e-4)
 
 
+def test_a_negative_view_is_read_as_its_values(dev):
+    """A negative view (``is_neg()``, its memory holding the values negated)
+    gives the numbers of the values it stands for on every CUDA path (the
+    Triton kernel reads memory)."""
+    z, r, t = _data(dev, shape=(3, 5), V=300, seed=9)
+    t = t.clamp(min=0)  # every row counted (an ignored row's entropy is not computed)
+    zn, rn = torch._neg_view(z), torch._neg_view(r)
+    neg_z, neg_r = (-z).double().cpu().numpy(), (-r).double().cpu().numpy()
+    res = _engine.run(zn, t, rn, nll=True, entropy=True, kl=True)
+    np.testing.assert_allclose(res.nll, ref_nll(neg_z, t.cpu().numpy()).ravel(), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(res.entropy, ref_entropy(neg_z).ravel(), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(res.kl, ref_kl(neg_r, neg_z).ravel(), rtol=0, atol=2e-6)
+
+
 def test_lazy_logits_on_the_cuda_path(dev, small_chunks):
     """projected() with tensors on the device: chunks of rows through the CUDA
     path, the numbers of the materialized logits on the native core."""

@@ -517,6 +517,14 @@ def group_layouts_and_api():
     for k, v in want.items():
         assert (got[k] is None) if v is None else got[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
     assert len(calls) > n
+    # a negative view (is_neg(): its memory holds the values negated) is read as its values
+    m = len(calls)
+    zn, rn = torch._neg_view(z), torch._neg_view(rz)
+    neg_z, neg_r = (-z).double().numpy(), (-rz).double().numpy()
+    np.testing.assert_allclose(lmmetrics.token_nll(zn, t).numpy(), ref_nll(neg_z, t.numpy()), atol=TOL, rtol=TOL)
+    np.testing.assert_allclose(lmmetrics.token_kl(zn, reference_logits=rn).numpy(), ref_kl(neg_r, neg_z), atol=TOL,
+                               rtol=TOL)
+    assert len(calls) > m
     # the kernel's tanh (softcap) against float64 over a wide range
     import triton
     import triton.language as tl

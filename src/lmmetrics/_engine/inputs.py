@@ -265,9 +265,31 @@ def torch_dtype_name(x: torch.Tensor, name: str) -> str:
     return names[x.dtype]
 
 
+def torch_values(x: torch.Tensor, name: str) -> torch.Tensor:
+    """x detached, its memory holding the values it stands for, for a kernel
+    that reads that memory: a negative view (``x.is_neg()``, such as
+    ``torch._neg_view(t)``, whose memory holds the values negated) is
+    resolved into a copy. A tensor with no memory to read (the meta device)
+    is a ValueError, a sparse or nested one a TypeError."""
+    if x.is_meta:
+        raise ValueError(f"{name} is on the meta device: it holds no values to compute from")
+    if x.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor: pad it into one")
+    if x.layout != _torch_strided():
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a {x.layout} tensor: pass its .to_dense()")
+    x = x.detach()
+    return x.resolve_neg() if x.is_neg() else x
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
 def _torch_logits(x: torch.Tensor, name: str) -> Logits:
     dtype = torch_dtype_name(x, name)
-    x = x.detach()
+    x = torch_values(x, name)
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         x = x.contiguous()
     return _describe(x, x.data_ptr(), dtype, tuple(x.shape), tuple(x.stride()[:-1]), True, name)

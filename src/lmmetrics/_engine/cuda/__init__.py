@@ -39,10 +39,11 @@ def describe(x: Any, name: str = "logits") -> CudaLogits:
         raise ValueError(f"{name} is on {where} while the other logits are on a CUDA device; "
                          f"put both on the same device")
     dtype = _inputs.torch_dtype_name(x, name)
+    x = _inputs.torch_values(x, name)
     shape = tuple(x.shape)
     if shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {shape})")
-    x, rows = rows_of(x.detach(), len(shape) - 1)
+    x, rows = rows_of(x, len(shape) - 1)
     return CudaLogits(x, dtype, shape[:-1], shape[-1], math.prod(shape[:-1]), rows)
 
 
