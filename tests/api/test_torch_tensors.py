@@ -98,12 +98,17 @@ def test_a_negative_view_is_read_as_its_values(isa):
     kl = F.kl_div(neg_z.log_softmax(1), neg_r.log_softmax(1), log_target=True, reduction="none").sum(1)
     assert (lmmetrics.token_kl(zn, reference_logits=rn).double() - kl).abs().max().item() < 2e-6
     assert lmmetrics.evaluate(zn, y, reference_logits=rn).loss == pytest.approx(nll.mean().item(), abs=2e-6)
+    yn = torch._neg_view(-y)  # targets too (they were torch's "Can't call numpy() on Tensor that has negative bit")
+    assert yn.is_neg()
+    assert torch.equal(lmmetrics.token_nll(z, yn), lmmetrics.token_nll(z, y))
 
 
 def test_tensors_without_dense_values_are_named():
     y = torch.tensor([0, 1])
     with pytest.raises(ValueError, match="logits is on the meta device"):
         lmmetrics.token_nll(torch.zeros(2, 3, device="meta"), y)
+    with pytest.raises(ValueError, match="targets is on the meta device"):
+        lmmetrics.token_nll(torch.zeros(2, 3), y.to("meta"))
     with pytest.raises(TypeError, match="logits must be a dense.*sparse_coo"):
         lmmetrics.token_nll(torch.zeros(2, 3).to_sparse(), y)
     with pytest.raises(TypeError, match="reference_logits must be a dense.*sparse_coo"):

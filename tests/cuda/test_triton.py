@@ -524,6 +524,8 @@ def group_layouts_and_api():
     np.testing.assert_allclose(lmmetrics.token_nll(zn, t).numpy(), ref_nll(neg_z, t.numpy()), atol=TOL, rtol=TOL)
     np.testing.assert_allclose(lmmetrics.token_kl(zn, reference_logits=rn).numpy(), ref_kl(neg_r, neg_z), atol=TOL,
                                rtol=TOL)
+    tn = torch._neg_view(-t)  # the kernel reads the targets' memory too
+    np.testing.assert_array_equal(lmmetrics.token_nll(z, tn).numpy(), lmmetrics.token_nll(z, t).numpy())
     assert len(calls) > m
     # the kernel's tanh (softcap) against float64 over a wide range
     import triton

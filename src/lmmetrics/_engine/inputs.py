@@ -330,7 +330,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 def as_index_array(x: Any, name: str) -> npt.NDArray[np.integer[Any]]:
     """An integer array (numpy or torch CPU/CUDA) as numpy, or TypeError."""
     if is_torch(x):
-        x = x.detach().cpu().numpy()
+        x = torch_values(x, name).cpu().numpy()
     a = np.asarray(x)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
@@ -344,7 +344,7 @@ def index_array_or_tensor(x: Any, name: str) -> Any:
     if is_torch(x):
         if x.dtype.is_floating_point or x.dtype.is_complex or str(x.dtype) == "torch.bool":
             raise TypeError(f"{name} must hold integers, got dtype {str(x.dtype).replace('torch.', '')}")
-        return x.detach()
+        return torch_values(x, name)
     return as_index_array(x, name)
 
 
