@@ -1099,17 +1099,17 @@ class Evaluator:
                 f"{name} is {_by_rank([s[name] for s in shown])}" for name in differ)
                 + ". Give every rank's Evaluator the same settings, and document_ids to every batch on "
                 "every rank or to none")
-        own = own_state, docs, ranks, cal = self._own_sums()  # (never the sums of an earlier all_reduce)
+        own = own_state, docs, rank_sums, cal = self._own_sums()  # (never the sums of an earlier all_reduce)
         state = asdict(own_state)
-        extra: List[float] = [] if ranks is None else ranks.flat()
+        extra: List[float] = [] if rank_sums is None else rank_sums.flat()
         if cal is not None:
             extra += cal.counts.tolist() + cal.conf_sum.tolist() + cal.correct.tolist()
         vals = torch.tensor([float(v) for v in state.values()] + extra, dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
         values = vals.cpu().tolist()
         at = len(state)
-        if ranks is not None:
-            ranks = _RankSums.from_flat(self.top_k, values[at:at + len(self.top_k) + 2])
+        if rank_sums is not None:
+            rank_sums = _RankSums.from_flat(self.top_k, values[at:at + len(self.top_k) + 2])
             at += len(self.top_k) + 2
         if cal is not None:
             b = cal.bins
@@ -1122,7 +1122,7 @@ class Evaluator:
                 if part is not None:
                     docs.add(DocumentSums.from_state(part))
         self._state = _sums(dict(zip(state, values[:len(state)])))
-        self._docs, self._ranks, self._cal, self._own = docs, ranks, cal, own
+        self._docs, self._ranks, self._cal, self._own = docs, rank_sums, cal, own
         return self
 
     def _settings(self) -> Dict[str, Tuple[int, str]]:
