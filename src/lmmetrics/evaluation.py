@@ -1061,11 +1061,19 @@ class Evaluator:
             summed, each rank's other batches are added, and a later
             all_reduce sums them.
         """
-        failed: Optional[ValueError] = None
+        return self._all_reduce(group)
+
+    def _all_reduce(self, group: Any = None, failed: Optional[ValueError] = None, who: str = "Evaluator.all_reduce",
+                    what: str = "summed (every rank raises; the batches that succeeded are added, and a later "
+                                "all_reduce sums them)") -> Evaluator:
+        """`all_reduce`, raising on every rank when some rank failed:
+        ``failed``, this rank's error met before (`evaluate_bpb`'s), or one
+        a batch not yet added raises now (the others' error: ``who: an
+        update failed on rank r, so nothing was what: ...``)."""
         try:
             self._settle()  # (batches on a device not yet added: before the sums travel)
         except ValueError as e:  # raised on every rank alike, below (a rank alone in a collective hangs)
-            failed = e
+            failed = failed or e
         try:
             import torch
             import torch.distributed as dist
@@ -1086,9 +1094,7 @@ class Evaluator:
         parts = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, sent, group=group)
         table = [p.cpu().tolist() for p in parts]  # each rank's settings, the same list on every rank
-        _raise_where_failed(failed, [row[-1] for row in table], group, "Evaluator.all_reduce",
-                           "summed (every rank raises; the batches that succeeded are added, and a later "
-                           "all_reduce sums them)")  # (the last entry: a failed update)
+        _raise_where_failed(failed, [row[-1] for row in table], group, who, what)  # (the last entry: a failed update)
         docs_by_rank = [row[list(mine).index("document_ids")] for row in table]
         differ = [name for i, name in enumerate(mine) if len({row[i] for row in table}) > 1
                   and (name != "document_ids" or {_WITH_DOCS, _WITHOUT_DOCS} <= set(docs_by_rank))]
@@ -1510,7 +1516,11 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     ------
     ValueError
         ``steps`` not a positive integer, ``batches`` holding fewer than
-        ``steps`` batches, or as for `lmmetrics.bits_per_byte`.
+        ``steps`` batches, or as for `lmmetrics.bits_per_byte`. Across
+        ranks, a batch that ran out or failed on some rank raises on every
+        rank, at the all-reduce (that rank its own error, the others one
+        naming it): that rank still calls ``model`` for its other batches,
+        and no rank is left waiting or sums another evaluation's batches.
 
     Examples
     --------
@@ -1530,14 +1540,29 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     steps = check_positive_int("steps", steps)  # (range(-1) would read nothing and give inf)
     ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False,  # y is aligned with x
                    softcap=softcap)
+    # across ranks, an error on one rank is raised on every rank, at the all-reduce: that rank reads its
+    # batches on (to meet the collectives a sharded model's forward holds), adding none, and the others
+    # do not sum without it (a rank raising alone left them waiting, or summing its next evaluation's)
+    ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    failed: Optional[ValueError] = None
     it = iter(batches)
     with torch.no_grad():
         for step in range(steps):
             try:
                 x, y = next(it)
             except StopIteration:  # (a bare StopIteration ends a caller's generator, or reads as its end)
-                raise ValueError(f"evaluate_bpb: batches ran out after {step} of steps={steps}") from None
-            ev.update(model(x), y)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        ev.all_reduce()
+                failed = failed or ValueError(f"evaluate_bpb: batches ran out after {step} of steps={steps}")
+                break
+            out = model(x)
+            if failed is None:
+                try:
+                    ev.update(out, y)
+                except ValueError as e:
+                    failed = e
+            if failed is not None and not ranks:
+                break
+    if ranks:
+        ev._all_reduce(failed=failed, who="evaluate_bpb", what="summed (every rank raises)")
+    elif failed is not None:
+        raise failed
     return ev.bits_per_byte()

@@ -403,3 +403,59 @@ def test_all_reduce_again_sums_each_batch_once(tmp_path):
             assert o[name].keys() == w.keys(), name
             for k, v in w.items():
                 assert o[name][k] == (v if v is None else pytest.approx(v, rel=1e-12, nan_ok=True)), (rank, name, k)
+
+
+# -- evaluate_bpb: a batch that failed on one rank raises on every rank -------------------------------------
+
+BPB_ERROR_WORKER = textwrap.dedent("""
+    import datetime, json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    import lmmetrics
+    from test_distributed import TinyLM, batches, token_bytes_table
+
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    tiny, data, tb = TinyLM(), batches(n=4), token_bytes_table()
+    calls = []
+
+    def nan_on_rank_1(x):
+        calls.append(1)
+        z = tiny(x)
+        if rank == 1 and len(calls) == 1:
+            z[1, 5, 0] = float("nan")  # a counted row of the first batch
+        return z
+
+    mine = data[rank * 2:rank * 2 + 2]
+    out = {}
+    for name, model, part in (("nan", nan_on_rank_1, mine), ("ran out", tiny, mine[:2 - rank]),
+                              ("after", tiny, mine)):
+        try:
+            out[name] = lmmetrics.evaluate_bpb(model, part, 2, tb)
+        except ValueError as e:
+            out[name] = str(e)
+    out["calls"] = len(calls)
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_evaluate_bpb_raises_on_every_rank_when_a_batch_failed_on_one(tmp_path):
+    """A NaN row (or batches that ran out) on one rank raised there alone:
+    the other rank waited in the all-reduce and summed that rank's next
+    evaluation's batches into this one (a wrong bits per byte), then the
+    next one waited without a peer. Every rank raises now, the failing
+    rank calling the model for its other batches (a sharded model's
+    forward holds collectives), and the next evaluation sums as it should."""
+    outs = run_gloo_workers(BPB_ERROR_WORKER, tmp_path, timeout=90)
+    assert outs[1]["nan"] == "NaN in logits at row 25 (position (1, 5))", outs[1]
+    assert outs[0]["nan"] == ("evaluate_bpb: an update failed on rank 1, so nothing was summed (every rank "
+                              "raises): rank 1: NaN in logits at row 25 (position (1, 5))"), outs[0]
+    assert outs[1]["ran out"] == "evaluate_bpb: batches ran out after 1 of steps=2"
+    assert outs[0]["ran out"].startswith("evaluate_bpb: an update failed on rank 1, so nothing was summed")
+    assert outs[0]["calls"] == outs[1]["calls"] == 2  # the failing rank read its second batch too
+    expected = nanochat_bpb(TinyLM(), batches(n=4), 4, token_bytes_table())
+    assert outs[0]["after"] == outs[1]["after"] == pytest.approx(expected, rel=1e-6)
