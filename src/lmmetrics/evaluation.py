@@ -432,6 +432,9 @@ class Evaluator:
         self._docs: Optional[DocumentSums] = None  # with document_ids
         self._ranks = _RankSums(self.top_k) if self.top_k else None  # with top_k
         self._cal = self._no_calibration()  # with calibration_bins
+        # after all_reduce, this rank's own sums (the sums above are every rank's until the next update,
+        # merge or load; a later all_reduce sums the own ones again, never the sums it made): `_own_sums`
+        self._own: Optional[_Held] = None
         # the batch on a CUDA device whose pass is launched, not yet added
         # (`_drain`: at the next update or read), the errors such passes found (raised at the next read,
         # `_settle`), and the updates so far (to name a batch in an error)
@@ -456,6 +459,13 @@ class Evaluator:
         self._docs = None
         self._ranks = _RankSums(self.top_k) if self.top_k else None
         self._cal = self._no_calibration()
+        self._own = None
+
+    def _own_sums(self) -> _Held:
+        """This rank's own sums: what an update or merge adds to and what
+        all_reduce sums (the sums themselves, unless they are an
+        all_reduce's)."""
+        return self._own if self._own is not None else (self._state, self._docs, self._ranks, self._cal)
 
     def check_vocab(self, n_cols: int) -> None:
         """Check ``token_bytes`` against a vocabulary before any batch.
@@ -580,13 +590,14 @@ class Evaluator:
 
     def _take(self, res: _engine.RowResults, table: Optional[I64Array], ref: bool,
               docs: Optional[I64Array]) -> None:
-        """Add a pass's results to the sums (all or nothing)."""
-        st = replace(self._state)
-        doc_sums = None if docs is None else (self._docs.copy() if self._docs is not None else DocumentSums())
+        """Add a pass's results to this rank's own sums (all or nothing)."""
+        own, own_docs, own_ranks, own_cal = self._own_sums()
+        st = replace(own)
+        doc_sums = None if docs is None else (own_docs.copy() if own_docs is not None else DocumentSums())
         self._add(st, res, table, ref, docs, doc_sums)
-        ranks = None if self._ranks is None else self._ranks.plus(res)
-        cal = None if self._cal is None else self._cal.add(calibration_of(res, self._cal.bins))
-        self._state, self._docs, self._ranks, self._cal = st, doc_sums, ranks, cal
+        ranks = None if own_ranks is None else own_ranks.plus(res)
+        cal = None if own_cal is None else own_cal.add(calibration_of(res, own_cal.bins))
+        self._state, self._docs, self._ranks, self._cal, self._own = st, doc_sums, ranks, cal, None
 
     def _sequence_states(self, logits: Any, targets: Any) -> List[Dict[str, Any]]:
         """The `state_dict` of each sequence (first axis) of one batch, as
@@ -652,8 +663,9 @@ class Evaluator:
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's
         batches so far, flattened (shifted with the targets)."""
-        seen = self._state.tokens + self._state.ignored > 0
-        with_docs = self._docs is not None
+        own, own_docs = self._own_sums()[:2]
+        seen = own.tokens + own.ignored > 0
+        with_docs = own_docs is not None
         if document_ids is None:
             if with_docs:
                 raise ValueError("this Evaluator's batches have document_ids: give them for every batch")
@@ -835,6 +847,9 @@ class Evaluator:
     def merge(self, other: Evaluator) -> Evaluator:
         """Add another Evaluator's sums to this one (e.g. from another worker).
 
+        After `all_reduce`, they are added to this rank's own sums, as an
+        `update`'s batch; ``other``'s are those its `compute` reports.
+
         Parameters
         ----------
         other : Evaluator
@@ -859,14 +874,13 @@ class Evaluator:
         self._check_compatible(other)
         self._settle()
         other._settle()
-        docs = _merged_documents(self, other)
-        mine, theirs = asdict(self._state), asdict(other._state)
+        own, own_docs, own_ranks, own_cal = self._own_sums()
+        docs = _merged_documents((own, own_docs), (other._state, other._docs))
+        mine, theirs = asdict(own), asdict(other._state)
+        ranks = own_ranks if own_ranks is None or other._ranks is None else own_ranks.add(other._ranks)
+        cal = own_cal if own_cal is None or other._cal is None else own_cal.add(other._cal)
         self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
-        self._docs = docs
-        if self._ranks is not None and other._ranks is not None:
-            self._ranks = self._ranks.add(other._ranks)
-        if self._cal is not None and other._cal is not None:
-            self._cal = self._cal.add(other._cal)
+        self._docs, self._ranks, self._cal, self._own = docs, ranks, cal, None
         return self
 
     def state_dict(self) -> Dict[str, Any]:
@@ -967,7 +981,7 @@ class Evaluator:
         if problem:
             raise ValueError(f"Evaluator state: {problem} (not a state_dict of an Evaluator like this one)")
         self._state = st
-        self._docs, self._ranks, self._cal = docs, ranks, cal
+        self._docs, self._ranks, self._cal, self._own = docs, ranks, cal, None
         self._pending, self._errors = None, []  # (replaced with the rest: a batch on a device not yet added)
 
     def _state_problem(self, st: _Sums, docs: Optional[DocumentSums], ranks: Optional[_RankSums],
@@ -1012,7 +1026,11 @@ class Evaluator:
     def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed``.
 
-        Every rank ends with the global sums. A no-op without torch or when torch.distributed is
+        Every rank ends with the global sums, and keeps its own: an `update`
+        or `merge` after it adds to this rank's own sums (`compute` gives
+        those then), and a later all_reduce sums them again, the batches
+        added since included, never the global sums an earlier one gave
+        (which would count each batch once per rank again). A no-op without torch or when torch.distributed is
         not initialized. The ranks' settings are compared first (a few int64
         numbers a rank); then the sums travel as one float64 tensor, on the
         current CUDA device for the nccl backend, on the CPU otherwise, and
@@ -1043,11 +1061,19 @@ class Evaluator:
             summed, each rank's other batches are added, and a later
             all_reduce sums them.
         """
-        failed: Optional[ValueError] = None
+        return self._all_reduce(group)
+
+    def _all_reduce(self, group: Any = None, failed: Optional[ValueError] = None, who: str = "Evaluator.all_reduce",
+                    what: str = "summed (every rank raises; the batches that succeeded are added, and a later "
+                                "all_reduce sums them)") -> Evaluator:
+        """`all_reduce`, raising on every rank when some rank failed:
+        ``failed``, this rank's error met before (`evaluate_bpb`'s), or one
+        a batch not yet added raises now (the others' error: ``who: an
+        update failed on rank r, so nothing was what: ...``)."""
         try:
             self._settle()  # (batches on a device not yet added: before the sums travel)
         except ValueError as e:  # raised on every rank alike, below (a rank alone in a collective hangs)
-            failed = e
+            failed = failed or e
         try:
             import torch
             import torch.distributed as dist
@@ -1068,9 +1094,7 @@ class Evaluator:
         parts = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, sent, group=group)
         table = [p.cpu().tolist() for p in parts]  # each rank's settings, the same list on every rank
-        _raise_where_failed(failed, [row[-1] for row in table], group, "Evaluator.all_reduce",
-                           "summed (every rank raises; the batches that succeeded are added, and a later "
-                           "all_reduce sums them)")  # (the last entry: a failed update)
+        _raise_where_failed(failed, [row[-1] for row in table], group, who, what)  # (the last entry: a failed update)
         docs_by_rank = [row[list(mine).index("document_ids")] for row in table]
         differ = [name for i, name in enumerate(mine) if len({row[i] for row in table}) > 1
                   and (name != "document_ids" or {_WITH_DOCS, _WITHOUT_DOCS} <= set(docs_by_rank))]
@@ -1081,22 +1105,21 @@ class Evaluator:
                 f"{name} is {_by_rank([s[name] for s in shown])}" for name in differ)
                 + ". Give every rank's Evaluator the same settings, and document_ids to every batch on "
                 "every rank or to none")
-        state = asdict(self._state)
-        extra: List[float] = [] if self._ranks is None else self._ranks.flat()
-        if self._cal is not None:
-            extra += self._cal.counts.tolist() + self._cal.conf_sum.tolist() + self._cal.correct.tolist()
+        own = own_state, docs, rank_sums, cal = self._own_sums()  # (never the sums of an earlier all_reduce)
+        state = asdict(own_state)
+        extra: List[float] = [] if rank_sums is None else rank_sums.flat()
+        if cal is not None:
+            extra += cal.counts.tolist() + cal.conf_sum.tolist() + cal.correct.tolist()
         vals = torch.tensor([float(v) for v in state.values()] + extra, dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
         values = vals.cpu().tolist()
         at = len(state)
-        if self._ranks is not None:
-            self._ranks = _RankSums.from_flat(self.top_k, values[at:at + len(self.top_k) + 2])
+        if rank_sums is not None:
+            rank_sums = _RankSums.from_flat(self.top_k, values[at:at + len(self.top_k) + 2])
             at += len(self.top_k) + 2
-        if self._cal is not None:
-            b = self._cal.bins
-            self._cal = _calibration_from(self._cal, values[at:at + b], values[at + b:at + 2 * b],
-                                          values[at + 2 * b:at + 3 * b])
-        docs = self._docs
+        if cal is not None:
+            b = cal.bins
+            cal = _calibration_from(cal, values[at:at + b], values[at + b:at + 2 * b], values[at + 2 * b:at + 3 * b])
         if _WITH_DOCS in docs_by_rank:  # some rank has documents: every rank's are gathered and added
             gathered: List[Any] = [None] * len(table)
             dist.all_gather_object(gathered, None if docs is None else docs.state(), group=group)
@@ -1105,7 +1128,7 @@ class Evaluator:
                 if part is not None:
                     docs.add(DocumentSums.from_state(part))
         self._state = _sums(dict(zip(state, values[:len(state)])))
-        self._docs = docs
+        self._docs, self._ranks, self._cal, self._own = docs, rank_sums, cal, own
         return self
 
     def _settings(self) -> Dict[str, Tuple[int, str]]:
@@ -1115,8 +1138,9 @@ class Evaluator:
         (a rank without batches goes with either)."""
         if self._digest is None:
             self._digest = _table_digest(self._token_bytes_in)
-        seen = self._state.tokens + self._state.ignored > 0 or self._docs is not None
-        docs = _WITH_DOCS if self._docs is not None else _WITHOUT_DOCS if seen else 0
+        own, own_docs = self._own_sums()[:2]
+        seen = own.tokens + own.ignored > 0 or own_docs is not None
+        docs = _WITH_DOCS if own_docs is not None else _WITHOUT_DOCS if seen else 0
         return {"ignore_index": (self.ignore_index, str(self.ignore_index)),
                 "softcap": (_float_bits(self.softcap), repr(self.softcap)),
                 "nll_only": (int(self.nll_only), str(self.nll_only)),
@@ -1247,6 +1271,10 @@ class _RankSums:
         return cls(ks, [int(h) for h in state["hits"]], float(state["rr_sum"]), float(state["rr_sq"]))
 
 
+#: an Evaluator's sums: the counts and float sums, the documents, the ranks, the calibration bins
+_Held = Tuple[_Sums, Optional[DocumentSums], Optional[_RankSums], Optional[Calibration]]
+
+
 def _calibration_state(cal: Calibration) -> Dict[str, Any]:
     return {"counts": cal.counts.tolist(), "conf_sum": cal.conf_sum.tolist(), "correct": cal.correct.tolist()}
 
@@ -1266,18 +1294,20 @@ def _calibration_from(empty: Calibration, counts: Any, conf_sum: Any, correct: A
     return Calibration(empty.edges, np.rint(c).astype(np.int64), s, np.rint(k).astype(np.int64))
 
 
-def _merged_documents(a: Evaluator, b: Evaluator) -> Optional[DocumentSums]:
-    """The documents of two Evaluators added; an error when one has
-    document_ids and the other has seen batches without."""
-    if a._docs is None and b._docs is None:
+def _merged_documents(a: Tuple[_Sums, Optional[DocumentSums]],
+                      b: Tuple[_Sums, Optional[DocumentSums]]) -> Optional[DocumentSums]:
+    """The documents of two Evaluators' sums (each its state and its
+    documents) added; an error when one has document_ids and the other has
+    seen batches without."""
+    if a[1] is None and b[1] is None:
         return None
-    for x in (a, b):
-        if x._docs is None and x._state.tokens + x._state.ignored:
+    for state, docs in (a, b):
+        if docs is None and state.tokens + state.ignored:
             raise ValueError("cannot merge an Evaluator with document_ids and one whose batches had none")
-    docs = DocumentSums() if a._docs is None else a._docs.copy()
-    if b._docs is not None:
-        docs.add(b._docs)
-    return docs
+    merged = DocumentSums() if a[1] is None else a[1].copy()
+    if b[1] is not None:
+        merged.add(b[1])
+    return merged
 
 
 _WITH_DOCS, _WITHOUT_DOCS = 1, 2  # a rank's batches in Evaluator._settings (0: none yet)
@@ -1486,7 +1516,11 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     ------
     ValueError
         ``steps`` not a positive integer, ``batches`` holding fewer than
-        ``steps`` batches, or as for `lmmetrics.bits_per_byte`.
+        ``steps`` batches, or as for `lmmetrics.bits_per_byte`. Across
+        ranks, a batch that ran out or failed on some rank raises on every
+        rank, at the all-reduce (that rank its own error, the others one
+        naming it): that rank still calls ``model`` for its other batches,
+        and no rank is left waiting or sums another evaluation's batches.
 
     Examples
     --------
@@ -1506,14 +1540,29 @@ def evaluate_bpb(model: Callable[[Any], Any], batches: Iterable[Tuple[Any, Any]]
     steps = check_positive_int("steps", steps)  # (range(-1) would read nothing and give inf)
     ev = Evaluator(token_bytes=token_bytes, ignore_index=-1, nll_only=True, shift=False,  # y is aligned with x
                    softcap=softcap)
+    # across ranks, an error on one rank is raised on every rank, at the all-reduce: that rank reads its
+    # batches on (to meet the collectives a sharded model's forward holds), adding none, and the others
+    # do not sum without it (a rank raising alone left them waiting, or summing its next evaluation's)
+    ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    failed: Optional[ValueError] = None
     it = iter(batches)
     with torch.no_grad():
         for step in range(steps):
             try:
                 x, y = next(it)
             except StopIteration:  # (a bare StopIteration ends a caller's generator, or reads as its end)
-                raise ValueError(f"evaluate_bpb: batches ran out after {step} of steps={steps}") from None
-            ev.update(model(x), y)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        ev.all_reduce()
+                failed = failed or ValueError(f"evaluate_bpb: batches ran out after {step} of steps={steps}")
+                break
+            out = model(x)
+            if failed is None:
+                try:
+                    ev.update(out, y)
+                except ValueError as e:
+                    failed = e
+            if failed is not None and not ranks:
+                break
+    if ranks:
+        ev._all_reduce(failed=failed, who="evaluate_bpb", what="summed (every rank raises)")
+    elif failed is not None:
+        raise failed
     return ev.bits_per_byte()

@@ -337,3 +337,125 @@ def test_all_reduce_raises_on_every_rank_when_a_device_pass_failed_on_one(tmp_pa
         assert o["metrics"].keys() == whole.keys()
         for k, v in whole.items():
             assert o["metrics"][k] == (v if v is None else pytest.approx(v, rel=1e-6)), k
+
+
+# -- all_reduce again: the ranks' own sums, never the global ones an earlier call gave ----------------
+
+AGAIN_WORKER = textwrap.dedent("""
+    import datetime, json, sys
+    import numpy as np
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    import lmmetrics
+    from test_distributed import again_data
+
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    z, t, doc, tb = again_data()
+    mine = [k for k in range(4) if k % world == rank]  # rank 0: batches 0 and 2, rank 1: 1 and 3
+    make = lambda: lmmetrics.Evaluator(token_bytes=tb, top_k=(1, 3), calibration_bins=5)
+    ev = make()
+    ev.update(z[mine[0]], t[mine[0]], document_ids=doc[mine[0]])
+    out = {"first": ev.all_reduce().compute().as_dict(), "twice": ev.all_reduce().compute().as_dict()}
+    ev.update(z[mine[1]], t[mine[1]], document_ids=doc[mine[1]])  # after all_reduce: to this rank's own sums
+    out["own"] = ev.compute().as_dict()
+    out["all"] = ev.all_reduce().compute().as_dict()
+    other = make()  # a merge after all_reduce likewise
+    other.update(z[mine[0]], t[mine[0]], document_ids=doc[mine[0]])
+    other.all_reduce()
+    side = make()
+    side.update(z[mine[1]], t[mine[1]], document_ids=doc[mine[1]])
+    out["merged"] = other.merge(side).all_reduce().compute().as_dict()
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+def again_data():
+    rng = np.random.default_rng(8)
+    z = (rng.standard_normal((4, 6, 40)) * 2).astype(np.float32)
+    t = rng.integers(-1, 40, (4, 6))
+    doc = rng.integers(0, 3, (4, 6))  # documents 0..2 on both ranks
+    return z, t, doc, rng.integers(0, 4, 40)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_all_reduce_again_sums_each_batch_once(tmp_path):
+    """all_reduce replaced the sums by every rank's: a second call summed
+    those again (tokens, bytes and every sum times the world size, the
+    standard errors too small), and an update after it then a second
+    all_reduce counted the first batches once per rank (a wrong loss). Each
+    call sums the ranks' own sums, the batches added since included; an
+    update or merge after it adds to the rank's own."""
+    outs = run_gloo_workers(AGAIN_WORKER, tmp_path, timeout=90)
+    z, t, doc, tb = again_data()
+
+    def whole(ks):
+        return lmmetrics.evaluate(z[ks].reshape(-1, 40), t[ks].reshape(-1), token_bytes=tb, top_k=(1, 3),
+                                  calibration_bins=5, document_ids=doc[ks].reshape(-1)).as_dict()
+
+    want = {"first": whole([0, 1]), "twice": whole([0, 1]), "all": whole([0, 1, 2, 3]),
+            "merged": whole([0, 1, 2, 3])}
+    for rank, o in enumerate(outs):
+        want["own"] = whole([rank, rank + 2])
+        for name, w in want.items():
+            assert o[name].keys() == w.keys(), name
+            for k, v in w.items():
+                assert o[name][k] == (v if v is None else pytest.approx(v, rel=1e-12, nan_ok=True)), (rank, name, k)
+
+
+# -- evaluate_bpb: a batch that failed on one rank raises on every rank -------------------------------------
+
+BPB_ERROR_WORKER = textwrap.dedent("""
+    import datetime, json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    import lmmetrics
+    from test_distributed import TinyLM, batches, token_bytes_table
+
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    tiny, data, tb = TinyLM(), batches(n=4), token_bytes_table()
+    calls = []
+
+    def nan_on_rank_1(x):
+        calls.append(1)
+        z = tiny(x)
+        if rank == 1 and len(calls) == 1:
+            z[1, 5, 0] = float("nan")  # a counted row of the first batch
+        return z
+
+    mine = data[rank * 2:rank * 2 + 2]
+    out = {}
+    for name, model, part in (("nan", nan_on_rank_1, mine), ("ran out", tiny, mine[:2 - rank]),
+                              ("after", tiny, mine)):
+        try:
+            out[name] = lmmetrics.evaluate_bpb(model, part, 2, tb)
+        except ValueError as e:
+            out[name] = str(e)
+    out["calls"] = len(calls)
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_evaluate_bpb_raises_on_every_rank_when_a_batch_failed_on_one(tmp_path):
+    """A NaN row (or batches that ran out) on one rank raised there alone:
+    the other rank waited in the all-reduce and summed that rank's next
+    evaluation's batches into this one (a wrong bits per byte), then the
+    next one waited without a peer. Every rank raises now, the failing
+    rank calling the model for its other batches (a sharded model's
+    forward holds collectives), and the next evaluation sums as it should."""
+    outs = run_gloo_workers(BPB_ERROR_WORKER, tmp_path, timeout=90)
+    assert outs[1]["nan"] == "NaN in logits at row 25 (position (1, 5))", outs[1]
+    assert outs[0]["nan"] == ("evaluate_bpb: an update failed on rank 1, so nothing was summed (every rank "
+                              "raises): rank 1: NaN in logits at row 25 (position (1, 5))"), outs[0]
+    assert outs[1]["ran out"] == "evaluate_bpb: batches ran out after 1 of steps=2"
+    assert outs[0]["ran out"].startswith("evaluate_bpb: an update failed on rank 1, so nothing was summed")
+    assert outs[0]["calls"] == outs[1]["calls"] == 2  # the failing rank read its second batch too
+    expected = nanochat_bpb(TinyLM(), batches(n=4), 4, token_bytes_table())
+    assert outs[0]["after"] == outs[1]["after"] == pytest.approx(expected, rel=1e-6)

@@ -246,6 +246,52 @@ def test_a_batch_failed_on_one_rank_raises_on_every_rank(tmp_path):
         assert o["ppl"] == pytest.approx(want.compute().item(), rel=1e-5)
 
 
+OTHER_SETTINGS_WORKER = textwrap.dedent("""
+    import datetime, json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path[:0] = [sys.argv[4]]
+    from lmmetrics.torchmetrics import BitsPerByte
+    from test_torchmetrics import batches, V
+
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    tb = torch.arange(V) % 4
+    data = batches(n=4)
+    out = {}
+    for name, mine in (("other table", tb * (rank + 1)), ("same table", tb)):
+        metric = BitsPerByte(mine)
+        for z, t in data[rank * 2:rank * 2 + 2]:
+            metric.update(z, t)
+        try:
+            out[name] = metric.compute().item()
+        except ValueError as e:
+            out[name] = str(e)
+    print(json.dumps(out))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_ranks_with_other_settings_raise_on_every_rank(tmp_path):
+    """Ranks whose metrics had other token_bytes tables synced their sums
+    (bytes counted with two tables) and reported a bits per byte of
+    neither: the `settings` state is reduced by max, which hid the
+    difference. Every rank raises now, naming it, as Evaluator.all_reduce
+    does; alike ranks still sync."""
+    outs = run_gloo_workers(OTHER_SETTINGS_WORKER, tmp_path, timeout=90)
+    for o in outs:
+        assert o["other table"].startswith("BitsPerByte: the ranks' metrics differ, their sums cannot be synced: "
+                                           "token_bytes is a table of "), o
+        assert " on rank 0, a table of " in o["other table"] and o["other table"] == outs[0]["other table"]
+    single = BitsPerByte(torch.arange(V) % 4)
+    for z, t in batches(n=4):
+        single.update(z, t)
+    for o in outs:
+        assert o["same table"] == pytest.approx(single.compute().item(), rel=1e-12)
+
+
 def test_language_model_metrics_as_a_mapping_for_log_dict():
     """What Lightning's log_dict reads: items() of prefix + field to metrics
     whose compute() is a tensor and whose reset() resets the shared states."""
