@@ -179,9 +179,22 @@ class _EvaluatorMetric(Metric):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The batch's value, accumulated (torchmetrics' forward), once the
-        batches before it are in the states."""
+        batches before it are in the states. A batch that fails (NaN logits)
+        raises and leaves the metric as it was: torchmetrics' forward resets
+        the states to score the batch alone, and would leave them reset,
+        the batches before it lost."""
         self._fold()
-        return super().forward(*args, **kwargs)
+        states = self._copy_state_dict()
+        context = {k: self.__dict__[k] for k in ("_update_count", "_computed", "_forward_cache", "_to_sync",
+                                                 "_should_unsync", "compute_on_cpu", "_enable_grad")}
+        try:
+            return super().forward(*args, **kwargs)
+        except BaseException:
+            self._evaluator.reset()  # the failed batch's partial sums, if any
+            for k, v in states.items():
+                setattr(self, k, v)
+            self.__dict__.update(context)
+            raise
 
     def merge_state(self, incoming_state: Any) -> None:
         """torchmetrics' merge of another metric's states (or of their dict,

@@ -374,3 +374,27 @@ def test_merge_state_of_alike_metrics_only():
     for other in (Perplexity(ignore_index=3), Perplexity(shift=True), LanguageModelMetrics(), BitsPerByte([1] * 11)):
         with pytest.raises(ValueError, match="another class or settings"):
             Perplexity().merge_state(other)
+
+
+@pytest.mark.parametrize("full_state_update", [False, True])
+def test_a_failed_forward_leaves_the_batches_before_it(full_state_update):
+    """forward of a batch with NaN logits raises naming the row, and the
+    metric keeps the batches before it (torchmetrics' forward resets the
+    states to score the batch alone: they were left reset, every batch
+    before it lost); the next batches then add to them."""
+    (z1, t1), (z2, t2), (z3, t3) = batches(seed=5)
+    bad = z2.clone()
+    bad[1, 4, 7] = float("nan")
+    for cls in (Perplexity, LanguageModelMetrics):  # full_state_update: torchmetrics' forward that updates twice
+        ours = type(cls.__name__, (cls,), {"full_state_update": full_state_update})(ignore_index=-100)
+        theirs = TMPerplexity(ignore_index=-100)
+        ours(z1, t1)
+        theirs.update(z1, t1)
+        with pytest.raises(ValueError, match=r"NaN in logits at row \d+ \(position \(1, 4\)\)"):
+            ours(bad, t2)
+        ours(z3, t3)
+        theirs.update(z3, t3)
+        got = ours.compute()
+        got = got["perplexity"] if isinstance(got, dict) else got
+        assert got.item() == pytest.approx(theirs.compute().item(), rel=1e-5)
+        assert ours.nll_sum.dtype == torch.float64
