@@ -267,7 +267,18 @@ class _EvaluatorMetric(Metric):
     def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """torchmetrics' loading of the states; a batch left to wait is
         dropped when they are loaded (it would be added on top of them), not
-        when a state dict without them is (a model's weights)."""
+        when a state dict without them is (a model's weights). ValueError,
+        nothing loaded, for the states of a metric of another class or
+        settings (their ``settings``), as `merge_state` and
+        `lmmetrics.Evaluator.load_state_dict` refuse them: a
+        `Perplexity`'s sums hold no entropy nor accuracy, which a
+        `LanguageModelMetrics` would report as 0."""
+        made = state_dict.get(prefix + "settings")
+        if made is not None and float(made) != float(self._defaults["settings"]):
+            raise ValueError(f"load_state_dict: the states under {prefix + 'settings'!r} are those of a metric of "
+                             f"another class or settings than this {type(self).__name__} (ignore_index, "
+                             f"token_bytes, shift, softcap): their sums mean another thing. Load them into a "
+                             f"metric made as the one that saved them")
         if any(prefix + k in state_dict for k in self._defaults):
             self._evaluator.reset()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -398,3 +398,28 @@ def test_a_failed_forward_leaves_the_batches_before_it(full_state_update):
         got = got["perplexity"] if isinstance(got, dict) else got
         assert got.item() == pytest.approx(theirs.compute().item(), rel=1e-5)
         assert ours.nll_sum.dtype == torch.float64
+
+
+def test_load_state_dict_of_alike_metrics_only():
+    """A state dict loads into a metric made as the one that saved it, and
+    is refused, nothing loaded, from a metric of another class or settings:
+    a Perplexity's sums hold no entropy nor accuracy, which a
+    LanguageModelMetrics loading them reported as 0 (and a BitsPerByte as
+    inf: no bytes)."""
+    z, t = batches(n=1, seed=6)[0]
+    saved = Perplexity()
+    saved.persistent(True)
+    saved.update(z, t)
+    state = saved.state_dict()
+    same = Perplexity()
+    same.load_state_dict(state)
+    assert float(same.compute()) == pytest.approx(float(TMPerplexity(ignore_index=-100)(z, t)), rel=1e-5)
+    z2, t2 = batches(n=1, seed=7)[0]
+    for other in (LanguageModelMetrics(), BitsPerByte([1] * V), Perplexity(ignore_index=3), Perplexity(shift=True)):
+        other.update(z2, t2)
+        before = other.compute()
+        with pytest.raises(ValueError, match="another class or settings"):
+            other.load_state_dict(state)
+        after = other.compute()
+        assert (after == before if isinstance(before, torch.Tensor) else after.keys() == before.keys()
+                and all(after[k].equal(before[k]) or after[k].isnan() for k in after))
