@@ -623,6 +623,11 @@ class BitsPerByte(_EvaluatorMetric):
         Passed to ``torchmetrics.Metric`` (``sync_on_compute``,
         ``dist_sync_on_step``, ...).
 
+    Raises
+    ------
+    TypeError
+        ``token_bytes`` None.
+
     Examples
     --------
     >>> import torch
@@ -640,6 +645,8 @@ class BitsPerByte(_EvaluatorMetric):
                  softcap: Optional[float] = None, num_threads: Optional[int] = None, **kwargs: Any) -> None:
         """Set up the metric; the parameters are described in the class's docstring.
         """
+        if token_bytes is None:  # (else an error at the first compute, at the end of an epoch)
+            raise TypeError("BitsPerByte needs token_bytes, the UTF-8 byte length of each token id; got None")
         super().__init__(ignore_index, token_bytes=token_bytes, shift=shift, softcap=softcap,
                          num_threads=num_threads, **kwargs)
 

@@ -423,3 +423,10 @@ def test_load_state_dict_of_alike_metrics_only():
         after = other.compute()
         assert (after == before if isinstance(before, torch.Tensor) else after.keys() == before.keys()
                 and all(after[k].equal(before[k]) or after[k].isnan() for k in after))
+
+
+def test_bits_per_byte_needs_its_table_when_made():
+    """BitsPerByte(None) raises when made; it took batches and raised only at
+    compute (in Lightning, at the end of the epoch), naming an Evaluator."""
+    with pytest.raises(TypeError, match="BitsPerByte needs token_bytes"):
+        BitsPerByte(None)
