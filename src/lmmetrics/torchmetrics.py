@@ -186,7 +186,8 @@ class _EvaluatorMetric(Metric):
         self._fold()
         states = self._copy_state_dict()
         context = {k: self.__dict__[k] for k in ("_update_count", "_computed", "_forward_cache", "_to_sync",
-                                                 "_should_unsync", "compute_on_cpu", "_enable_grad")}
+                                                 "_should_unsync", "compute_on_cpu", "_enable_grad")
+                   if k in self.__dict__}  # (those this torchmetrics version has)
         try:
             return super().forward(*args, **kwargs)
         except BaseException:
