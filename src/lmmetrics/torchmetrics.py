@@ -185,9 +185,9 @@ class _EvaluatorMetric(Metric):
         the batches before it lost."""
         self._fold()
         states = self._copy_state_dict()
-        context = {k: self.__dict__[k] for k in ("_update_count", "_computed", "_forward_cache", "_to_sync",
-                                                 "_should_unsync", "compute_on_cpu", "_enable_grad")
-                   if k in self.__dict__}  # (those this torchmetrics version has)
+        names = ("_update_count", "_computed", "_forward_cache", "_to_sync", "_should_unsync", "compute_on_cpu",
+                 "_enable_grad")
+        context: Dict[str, Any] = {k: self.__dict__[k] for k in names if k in self.__dict__}  # (this version's)
         try:
             return super().forward(*args, **kwargs)
         except BaseException:
@@ -275,7 +275,7 @@ class _EvaluatorMetric(Metric):
         `Perplexity`'s sums hold no entropy nor accuracy, which a
         `LanguageModelMetrics` would report as 0."""
         made = state_dict.get(prefix + "settings")
-        if made is not None and float(made) != float(self._defaults["settings"]):
+        if made is not None and float(made) != float(cast(torch.Tensor, self._defaults["settings"])):
             raise ValueError(f"load_state_dict: the states under {prefix + 'settings'!r} are those of a metric of "
                              f"another class or settings than this {type(self).__name__} (ignore_index, "
                              f"token_bytes, shift, softcap): their sums mean another thing. Load them into a "
