@@ -400,6 +400,7 @@ def test_a_failed_forward_leaves_the_batches_before_it(full_state_update):
         assert ours.nll_sum.dtype == torch.float64
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric:UserWarning")  # (torchmetrics: loaded, not updated)
 def test_load_state_dict_of_alike_metrics_only():
     """A state dict loads into a metric made as the one that saved it, and
     is refused, nothing loaded, from a metric of another class or settings:
