@@ -32,25 +32,47 @@ def mean_stderr(total: float, squares: float, n: int) -> float:
     return math.sqrt(var / n)
 
 
+def _to_unit(values: F64Array) -> Tuple[F64Array, int]:
+    """``values`` times ``2**-e`` (exact: a power of two), their largest
+    magnitude in [0.5, 1), and ``e``: their sums stay within float64."""
+    e = math.frexp(float(np.max(np.abs(values))))[1] if values.size else 0
+    return np.ldexp(values, -e), e
+
+
+def sample_mean(values: F64Array) -> float:
+    """The mean of finite ``values`` held whole (a value a document), finite
+    where their sum passes float64's range; ``np.mean``'s bits otherwise.
+    nan for no value or with a NaN, inf with an infinite value."""
+    if not values.size:
+        return math.nan
+    unit, e = _to_unit(values)
+    return math.ldexp(float(np.mean(unit)), e)
+
+
 def sample_stderr(values: F64Array) -> float:
     """The standard error of the mean of ``values`` held whole (a value a
     document): the sample standard deviation (n - 1) over sqrt(n), as
-    `mean_stderr`, but from the deviations themselves (two passes, from the
-    first value, and scaled by the largest): exactly 0 for equal values,
-    and finite for values whose squares overflow. nan below two values or
+    `mean_stderr`, but from the deviations themselves (two passes, on the
+    values scaled by a power of two, from the first value, and scaled by
+    the largest deviation): exactly 0 for equal values, and finite for
+    finite values whose squares, or sum, overflow. nan below two values or
     with a NaN; inf with an infinite value."""
     n = int(values.size)
     if n < 2 or np.isnan(values).any():
         return math.nan
     if not np.isfinite(values).all():
         return math.inf
-    shifted = values - values[0]
+    unit, e = _to_unit(values)
+    shifted = unit - unit[0]
     dev = shifted - float(np.mean(shifted))
     scale = float(np.max(np.abs(dev)))
     if scale == 0.0:
         return 0.0
     dev = dev / scale
-    return scale * math.sqrt(float(np.dot(dev, dev)) / (n - 1) / n)
+    try:  # (at most the largest magnitude, but rounding may carry it past float64's top)
+        return math.ldexp(scale * math.sqrt(float(np.dot(dev, dev)) / (n - 1) / n), e)
+    except OverflowError:
+        return math.inf
 
 
 def ratio_stderr(x: float, y: float, xx: float, xy: float, yy: float, n: int) -> float:

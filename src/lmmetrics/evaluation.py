@@ -24,7 +24,7 @@ from . import _engine
 from ._engine.checks import check_positive_int
 from ._engine.inputs import as_index_array, as_table
 from ._engine.request import fsum
-from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr, sample_stderr
+from ._spread import clustered_stderr, interval, mean_stderr, ratio_stderr, sample_mean, sample_stderr
 from ._engine.types import F64Array, I64Array
 from .convert import LN2, bits_per_unit, exp
 from .documents import COLUMNS, DocumentSums, Documents
@@ -793,7 +793,7 @@ class Evaluator:
         out["macro_perplexity"] = exp(out["macro_loss"]) if tokens.size else math.nan
         with np.errstate(over="ignore"):  # a document's perplexity past float64 is inf, as is then the mean
             ppl = np.exp(per.loss)
-            out["mean_perplexity"] = float(np.sum(ppl)) / ppl.size if ppl.size else math.nan
+        out["mean_perplexity"] = sample_mean(ppl)
         se["mean_perplexity"] = sample_stderr(ppl)
         clustered: Dict[str, float] = DocumentStandardErrors(loss=clustered_stderr(docs.column("nll_sum"), tokens))
         clustered["bits_per_token"] = clustered["loss"] / LN2

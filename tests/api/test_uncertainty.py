@@ -330,3 +330,26 @@ def test_macro_stderr_is_exact_for_equal_documents_and_finite_past_squares_range
     want = float(np.std(ppl / scale, ddof=1) / math.sqrt(6)) * scale  # (scaled: ppl ** 2 overflows)
     assert math.isfinite(want) and m.stderr["mean_perplexity"] == pytest.approx(want, rel=1e-12)
     assert m.mean_perplexity == pytest.approx(float(np.mean(ppl / scale)) * scale, rel=1e-12)
+
+
+def test_mean_perplexity_past_float64_sum_is_finite_without_a_warning():
+    """Documents' perplexities near float64's top (losses of ~708 nats),
+    each finite but summing past float64's range: their mean and its
+    standard error are finite, from values scaled by a power of two (the
+    sum gave a mean of inf and, in the two-pass standard error, an overflow
+    warning and nan)."""
+    import warnings
+
+    v = np.array([-700.0] + [-708.5] * 10)  # the target's logit: a document's loss of 700 or 708.5 nats
+    z = np.zeros((11, 4))
+    z[np.arange(11), 0] = v
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = lmmetrics.evaluate(z, np.zeros(11, int), document_ids=np.arange(11))
+    ppl = np.exp(m.per_document.loss)
+    with np.errstate(over="ignore"):
+        assert np.isfinite(ppl).all() and np.sum(ppl) == math.inf
+    scale = ppl.max()
+    want = float(np.std(ppl / scale, ddof=1) / math.sqrt(11)) * scale
+    assert math.isfinite(want) and m.stderr["mean_perplexity"] == pytest.approx(want, rel=1e-12)
+    assert m.mean_perplexity == pytest.approx(float(np.mean(ppl / scale)) * scale, rel=1e-12)
