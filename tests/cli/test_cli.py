@@ -167,7 +167,6 @@ def test_shift_needs_a_sequence_axis(tmp_path):
     assert res.returncode == 2 and "--shift needs logits shaped" in res.stderr
 
 
-
 def test_shift_needs_a_sequence_axis_in_every_shard(tmp_path, capsys):
     """A shard of 1-D logits under --shift is named, and refused before any
     shard is scored (it was found only when its turn came, unnamed)."""

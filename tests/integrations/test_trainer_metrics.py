@@ -298,10 +298,10 @@ def test_a_mixture_of_experts_puts_its_aux_loss_before_the_logits(setup, tmp_pat
 
 def test_an_encoder_decoder_model_takes_shift_false(tmp_path):
     """T5's decoder reads its labels shifted right: its logits at t predict
-    label t. Scored as a causal LM's (label t + 1) the set's loss was 5.5650
-    over 24 tokens where the model's own is 5.4612 over 30: the outputs'
-    encoder state now asks for the shift, and shift=False gives the model's
-    numbers."""
+    label t. Scored as a causal LM's (label t + 1) a set's loss came out
+    wrong (5.5650 over 24 tokens where the model's own was 5.4612 over 30,
+    without -100 labels): the outputs' encoder state now asks for the
+    shift, and shift=False gives the model's numbers."""
     from transformers import T5Config, T5ForConditionalGeneration, Trainer, TrainingArguments
 
     torch.manual_seed(0)
