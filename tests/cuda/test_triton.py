@@ -456,11 +456,13 @@ def group_split_rows():
     s64 = ref_nll(z.double().numpy(), tc.numpy()).sum()
     assert abs(s - s64) <= 1e-8 * s64, (s, s64)
     # ... under a softcap too (1 / c rounded to float would bias every
-    # capped logit the same way: 5e-8 relative here)
-    s = lmmetrics.cross_entropy(z * 3, tc, reduction="sum", softcap=30.0)
-    s64 = ref_nll(_capped((z * 3).double().numpy(), 30.0), tc.numpy()).sum()
-    assert abs(s - s64) <= 1e-8 * s64, (s, s64, abs(s - s64) / s64)
-    assert len(calls) == 4 + 2 * 2 + 3 + 1 + 1
+    # capped logit the same way: 5e-8 relative here; and so would c itself
+    # where it is not a float, 77.7: 3.4e-8)
+    for cap in (30.0, 77.7):
+        s = lmmetrics.cross_entropy(z * 3, tc, reduction="sum", softcap=cap)
+        s64 = ref_nll(_capped((z * 3).double().numpy(), cap), tc.numpy()).sum()
+        assert abs(s - s64) <= 1e-8 * s64, (cap, s, s64, abs(s - s64) / s64)
+    assert len(calls) == 4 + 2 * 2 + 3 + 1 + 2
     print("GROUP OK")
 
 
@@ -1260,7 +1262,7 @@ def group_compile_sm90():
     rows_sig = {f"{p}_{k}": "i64" for p in "zrt" for k in ("inner", "stride", "outer")}
     spans_sig = {"z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "st_ptr": "*fp32", "row0": "i64",
                  "n_rows": "i32", "n_cols": "i32", **rows_sig, "ignore": "i64", "n_spans": "i32",
-                 "per_prog": "i32", "cap": "fp32", "inv_cap": "fp32", "inv_lo": "fp32"}
+                 "per_prog": "i32", "cap": "fp32", "cap_lo": "fp32", "inv_cap": "fp32", "inv_lo": "fp32"}
     aligned = ("z_ptr", "r_ptr", "tgt_ptr", "st_ptr", "n_cols", "z_stride", "r_stride", "z_outer", "r_outer")
     off = dict(HAS_REF=False, WANT_ENT=False, WANT_AMAX=False, WANT_RANK=False, CAPPED=False)
     # (variant, its asks, SASS instructions an element of its loop at most, registers at most):
@@ -1293,7 +1295,7 @@ def group_compile_sm90():
                 assert sass.count(op) == twice.count(op), (name, label, op)
     merge_sig = {"st_ptr": "*fp32", "z_ptr": "*bf16", "r_ptr": "*bf16", "tgt_ptr": "*i64", "out_ptr": "*fp64",
                  "n_rows": "i32", "row0": "i64", "n_total": "i64", "n_cols": "i32", "n_spans": "i32", **rows_sig,
-                 "ignore": "i64", "cap": "fp32", "inv_cap": "fp32"}
+                 "ignore": "i64", "cap": "fp32", "cap_lo": "fp32"}
     every = dict(HAS_TGT=True, HAS_REF=True, WANT_ENT=True, WANT_RANK=True, CAPPED=True)
     for ns in (8, _triton._MERGE_ELEMS):  # V = 128256, the most spans the path takes
         rows = max(1, min(16, _triton._MERGE_ELEMS // ns))

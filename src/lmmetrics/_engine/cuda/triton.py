@@ -147,19 +147,23 @@ def _any_bits(fl: tl.tensor, axis: tl.constexpr, NBITS: tl.constexpr) -> tl.tens
 
 
 @triton.jit
-def _values(row_ptr: tl.tensor, cols: tl.tensor, n_cols: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor,
-            inv_lo: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
+def _values(row_ptr: tl.tensor, cols: tl.tensor, n_cols: tl.tensor, cap: tl.tensor, cap_lo: tl.tensor,
+            inv_cap: tl.tensor, inv_lo: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
     """A row's logits at cols in float32 (-inf past the vocabulary), capped
-    c tanh(x / c) with CAPPED; read once, so not kept in the cache."""
+    c tanh(x / c) with CAPPED (c = cap + cap_lo, 1 / c = inv_cap + inv_lo:
+    each to twice float precision); read once, so not kept in the cache."""
     mask = cols < n_cols
     x = tl.load(row_ptr + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
     if CAPPED:
         # x / c as x (hi + lo), hi + lo = 1 / c to twice float precision: x
         # times a rounded 1 / c would bias every capped logit one way (where
-        # tanh is +-1 anyway, +-inf and huge x, the plain product)
+        # tanh is +-1 anyway, +-inf and huge x, the plain product); and c
+        # tanh(u) as tanh(u) (hi + lo) for the same reason (a c not exact in
+        # float, 77.7: 4e-8 of every capped logit, the summed NLL's bias)
         u = x * inv_cap
         u = tl.where(tl.abs(u) < 1e30, tl.fma(x, inv_cap, x * inv_lo), u)
-        x = tl.where(mask, cap * _tanh(u), float("-inf"))
+        th = _tanh(u)
+        x = tl.where(mask, tl.fma(th, cap, th * cap_lo), float("-inf"))
     return x
 
 
@@ -180,8 +184,8 @@ def _shift(x: tl.tensor, m: tl.tensor) -> tl.tuple:
 
 @triton.jit
 def _first_max(row_ptr: tl.tensor, m: tl.tensor, M: tl.tensor, bt: tl.tensor, lr: tl.tensor, col0: tl.tensor,
-               n_cols: tl.tensor, cap: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor, VEC: tl.constexpr,
-               TILE: tl.constexpr, CAPPED: tl.constexpr) -> tl.tensor:
+               n_cols: tl.tensor, cap: tl.tensor, cap_lo: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor,
+               VEC: tl.constexpr, TILE: tl.constexpr, CAPPED: tl.constexpr) -> tl.tensor:
     """The first column of a span holding its max M: the first VEC-wide
     block (the tile a lane-row first reached its max, bt, and the
     lane-row) read again, its first largest value (the block's own max:
@@ -189,7 +193,7 @@ def _first_max(row_ptr: tl.tensor, m: tl.tensor, M: tl.tensor, bt: tl.tensor, lr
     blk = tl.min(tl.where(m == M, bt * TILE + lr * VEC, 2147483647), axis=0)
     blk = tl.where(blk == 2147483647, 0, blk)  # (no lane holds M: a NaN row, an error)
     v = tl.arange(0, VEC)
-    xv = _values(row_ptr, col0 + blk + v, n_cols, cap, inv_cap, inv_lo, CAPPED)
+    xv = _values(row_ptr, col0 + blk + v, n_cols, cap, cap_lo, inv_cap, inv_lo, CAPPED)
     return col0 + blk + tl.min(tl.where(xv == tl.max(xv, axis=0), v, VEC), axis=0)
 
 
@@ -200,9 +204,9 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
            n_rows: tl.tensor, n_cols: tl.tensor, z_inner: tl.tensor, z_stride: tl.tensor, z_outer: tl.tensor,
            r_inner: tl.tensor, r_stride: tl.tensor, r_outer: tl.tensor, t_inner: tl.tensor, t_stride: tl.tensor,
            t_outer: tl.tensor, ignore: tl.tensor, n_spans: tl.tensor, per_prog: tl.tensor, cap: tl.tensor,
-           inv_cap: tl.tensor, inv_lo: tl.tensor, VEC: tl.constexpr, LROWS: tl.constexpr, TPS: tl.constexpr,
-           HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_AMAX: tl.constexpr,
-           WANT_RANK: tl.constexpr, CAPPED: tl.constexpr) -> None:
+           cap_lo: tl.tensor, inv_cap: tl.tensor, inv_lo: tl.tensor, VEC: tl.constexpr, LROWS: tl.constexpr,
+           TPS: tl.constexpr, HAS_TGT: tl.constexpr, HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr,
+           WANT_AMAX: tl.constexpr, WANT_RANK: tl.constexpr, CAPPED: tl.constexpr) -> None:
     """The states of spans [first, first + per_prog) of row row0 + row (see
     the module's docstring); program (row, j) starts at span j * per_prog."""
     row = tl.program_id(0).to(tl.int64)
@@ -222,7 +226,7 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
     zt = 0.0
     t32 = target.to(tl.int32)  # (< n_cols when read: int32 compares in the loop)
     if WANT_RANK:  # the target's logit, as the loop reads it
-        zt = _values(zrow, target, n_cols, cap, inv_cap, inv_lo, CAPPED)
+        zt = _values(zrow, target, n_cols, cap, cap_lo, inv_cap, inv_lo, CAPPED)
     lr = tl.arange(0, LROWS)
     offs = lr[:, None] * VEC + tl.arange(0, VEC)[None, :]
     ninf = float("-inf")
@@ -242,7 +246,7 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
             big = tl.full([LROWS], ninf, tl.float32)
             for k in tl.range(0, TPS):
                 cols = col0 + k * TILE + offs
-                x = _values(zrow, cols, n_cols, cap, inv_cap, inv_lo, CAPPED)
+                x = _values(zrow, cols, n_cols, cap, cap_lo, inv_cap, inv_lo, CAPPED)
                 m_new, ms, a, mo, xm = _shift(x, m)
                 d = x - ms[:, None]
                 if WANT_ENT or HAS_REF:  # -inf as -1e30: e d = 0, not NaN; a NaN stays NaN
@@ -259,7 +263,7 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
                         before = before & (offs != lo)
                     cnt += tl.sum(before.to(tl.int32), axis=1)
                 if HAS_REF:
-                    y = _values(rrow, cols, n_cols, cap, inv_cap, inv_lo, CAPPED)
+                    y = _values(rrow, cols, n_cols, cap, cap_lo, inv_cap, inv_lo, CAPPED)
                     rm_new, rms, ra, rmo, ym = _shift(y, rm)
                     dr = tl.maximum(y - rms[:, None], _NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
                     er = tl.math.exp2(dr * _LOG2E)
@@ -288,7 +292,7 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
                 mo = tl.where(m == ninf, 0.0, m)
                 tl.store(at + 2 * plane, tl.sum(w * (ta + tl.maximum(mo - Ms, _NEG_BIG) * s), axis=0))
             if WANT_AMAX:
-                am = _first_max(zrow, m, M, bt, lr, col0, n_cols, cap, inv_cap, inv_lo, VEC, TILE, CAPPED)
+                am = _first_max(zrow, m, M, bt, lr, col0, n_cols, cap, cap_lo, inv_cap, inv_lo, VEC, TILE, CAPPED)
                 tl.store(at + 3 * plane, am.to(tl.float32))
             if WANT_RANK:
                 tl.store(at + 9 * plane, tl.sum(cnt, axis=0).to(tl.float32))
@@ -304,7 +308,8 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
                 tl.store(at + 6 * plane, RS)
                 tl.store(at + 7 * plane, C)
                 if WANT_AMAX:
-                    ram = _first_max(rrow, rm, RM, rbt, lr, col0, n_cols, cap, inv_cap, inv_lo, VEC, TILE, CAPPED)
+                    ram = _first_max(rrow, rm, RM, rbt, lr, col0, n_cols, cap, cap_lo, inv_cap, inv_lo, VEC, TILE,
+                                     CAPPED)
                     tl.store(at + 8 * plane, ram.to(tl.float32))
                 flags = flags | tl.where(RS != RS, _F_NAN_REF, 0) | tl.where(RM == float("inf"), _F_INF_REF, 0) \
                     | tl.where((C - C != 0.0) | (tl.max(big, axis=0) > _CROSS_BIG), _F_CROSS, 0)
@@ -312,12 +317,15 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
 
 
 @triton.jit
-def _capped64(v: tl.tensor, cap: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
-    """A target's logit, capped in float64 (divided by the cap, which is
-    exact in float32 for the usual caps, rather than times 1 / c)."""
+def _capped64(v: tl.tensor, cap: tl.tensor, cap_lo: tl.tensor, CAPPED: tl.constexpr) -> tl.tensor:
+    """A target's logit, capped in float64 (c = cap + cap_lo, the cap to
+    twice float precision: a cap not exact in float, rounded, would move
+    the target's logit against the sum's; divided by c rather than times
+    1 / c)."""
     v = v.to(tl.float64)
     if CAPPED:
-        v = cap * _tanh(v / cap)
+        c = tl.cast(cap, tl.float64) + tl.cast(cap_lo, tl.float64)
+        v = c * _tanh(v / c)
     return v
 
 
@@ -333,7 +341,7 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
            n_rows: tl.tensor, row0: tl.tensor, n_total: tl.tensor, n_cols: tl.tensor, n_spans: tl.tensor,
            z_inner: tl.tensor, z_stride: tl.tensor, z_outer: tl.tensor, r_inner: tl.tensor, r_stride: tl.tensor,
            r_outer: tl.tensor, t_inner: tl.tensor, t_stride: tl.tensor, t_outer: tl.tensor, ignore: tl.tensor,
-           cap: tl.tensor, inv_cap: tl.tensor, ROWS: tl.constexpr, NS: tl.constexpr, HAS_TGT: tl.constexpr,
+           cap: tl.tensor, cap_lo: tl.tensor, ROWS: tl.constexpr, NS: tl.constexpr, HAS_TGT: tl.constexpr,
            HAS_REF: tl.constexpr, WANT_ENT: tl.constexpr, WANT_RANK: tl.constexpr, CAPPED: tl.constexpr) -> None:
     """Per-row values from the span states of ROWS rows, combined in float64
     by a fixed reduction over the spans (NS: n_spans to a power of 2); with
@@ -398,7 +406,7 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
     nll = tl.zeros([ROWS], tl.float64)
     if HAS_TGT:
         zt = tl.load(_at(z_ptr, g, z_inner, z_stride, z_outer) + tgt, mask=counted, other=0.0)
-        nll = (M64 - _capped64(zt, cap, CAPPED)) + ls
+        nll = (M64 - _capped64(zt, cap, cap_lo, CAPPED)) + ls
     ent = ls - T / S
     tl.store(base + _O_NLL * n_total, tl.where(counted, _nonneg(nll), 0.0), mask=rmask)
     tl.store(base + _O_ENT * n_total, tl.where(counted, _nonneg(ent), 0.0), mask=rmask)
@@ -418,7 +426,7 @@ def _merge(st_ptr: tl.tensor, z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.te
         rnll = tl.zeros([ROWS], tl.float64)
         if HAS_TGT:
             rt = tl.load(_at(r_ptr, g, r_inner, r_stride, r_outer) + tgt, mask=counted, other=0.0)
-            rnll = (RM64 - _capped64(rt, cap, CAPPED)) + rls
+            rnll = (RM64 - _capped64(rt, cap, cap_lo, CAPPED)) + rls
         tl.store(base + _O_KL * n_total, tl.where(counted, _nonneg(kl), 0.0), mask=rmask)
         tl.store(base + _O_RAMAX * n_total, tl.where(counted, ramax, -1.0), mask=rmask)
         tl.store(base + _O_RNLL * n_total, tl.where(counted, _nonneg(rnll), 0.0), mask=rmask)
@@ -616,11 +624,13 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.T
     dev = lg.keep.device
     n = lg.n_rows
     V = lg.n_cols
-    capf, inv_hi, inv_lo = 1.0, 1.0, 0.0  # (1 / cap as two float32s; numpy scalars cost the host a microsecond each)
+    # (cap and 1 / cap each as two float32s; numpy scalars cost the host a microsecond each)
+    cap_hi, cap_lo, inv_hi, inv_lo = 1.0, 0.0, 1.0, 0.0
     if cap:
-        capf = float(cap)
-        inv_hi = float(np.float32(1.0 / capf))
-        inv_lo = float(np.float32(1.0 / capf - inv_hi))
+        cap_hi = float(np.float32(cap))
+        cap_lo = float(np.float32(cap - cap_hi))
+        inv_hi = float(np.float32(1.0 / cap))
+        inv_lo = float(np.float32(1.0 / cap - inv_hi))
     ns = 1 << (n_spans - 1).bit_length()  # (n_spans to a power of 2; triton's own helper costs 2 us)
     vec, lrows, tps, warps = geometry(lg.dtype)
     z = lg.keep
@@ -638,10 +648,11 @@ def _launch(lg: CudaLogits, ref: Optional[CudaLogits], targets: Optional[torch.T
         per = _programs_per_row(rows, n_spans, dev)
         grid = (rows, (n_spans + per - 1) // per)
         # (constexprs in the signature's order: see _run)
-        _run(_spans, grid, (z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_spans, per, capf, inv_hi, inv_lo),
+        _run(_spans, grid, (z, r, tg, st, row0, rows, V, *zr, *rr, *tr, ignore, n_spans, per, cap_hi, cap_lo, inv_hi,
+              inv_lo),
              dict(VEC=vec, LROWS=lrows, TPS=tps, HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=ent, WANT_AMAX=amax,
                   WANT_RANK=rank, CAPPED=capped), warps)
         mrows = max(1, min(16, _MERGE_ELEMS // ns))
         _run(_merge, ((rows + mrows - 1) // mrows,),
-             (st, z, r, tg, res, rows, row0, n, V, n_spans, *zr, *rr, *tr, ignore, capf, 1.0 / capf),
+             (st, z, r, tg, res, rows, row0, n, V, n_spans, *zr, *rr, *tr, ignore, cap_hi, cap_lo),
              dict(ROWS=mrows, NS=ns, HAS_TGT=has_tgt, HAS_REF=has_ref, WANT_ENT=ent, WANT_RANK=rank, CAPPED=capped), 4)
