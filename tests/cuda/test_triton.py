@@ -1220,11 +1220,15 @@ def group_compile_sm90():
     # image here, 3.7.1 with torch 2.13's CUDA wheels) the same loops take
     # more registers (float32 evaluate 56-64, KL 168) and 3.6 gives one
     # variant a 16-byte stack frame: checked there, no spill (no local
-    # memory) and the loops' lengths
-    older = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 8)
+    # memory) and the loops' lengths; 3.8 gives the float16 capped KL +
+    # rank variant (the cap's low part, cap_lo, one more live value) an
+    # 8-byte frame, no spill either
+    version = tuple(int(v) for v in triton.__version__.split(".")[:2])
+    older = version < (3, 8)
+    framed = version < (3, 9)
 
     def frame_ok(stack, local):
-        return local == 0 and (stack == 0 or older)
+        return local == 0 and (stack == 0 or framed)
 
     def usage(fn, sig, cons, warps, arch=90, aligned=()):
         """(registers, stack, local memory, PTX, SASS) of fn compiled for
