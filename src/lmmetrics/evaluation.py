@@ -1098,13 +1098,11 @@ class Evaluator:
         docs_by_rank = [row[list(mine).index("document_ids")] for row in table]
         differ = [name for i, name in enumerate(mine) if len({row[i] for row in table}) > 1
                   and (name != "document_ids" or {_WITH_DOCS, _WITHOUT_DOCS} <= set(docs_by_rank))]
-        if differ:
-            shown: List[Any] = [None] * len(table)  # every rank takes this branch: the same table says so
-            dist.all_gather_object(shown, {k: text for k, (_, text) in mine.items()}, group=group)
-            raise ValueError("Evaluator.all_reduce: the ranks' Evaluators differ: " + "; ".join(
-                f"{name} is {_by_rank([s[name] for s in shown])}" for name in differ)
-                + ". Give every rank's Evaluator the same settings, and document_ids to every batch on "
-                "every rank or to none")
+        if differ:  # (every rank takes this branch: the same table says so)
+            raise ValueError("Evaluator.all_reduce: the ranks' Evaluators differ: "
+                             + _differing({k: text for k, (_, text) in mine.items()}, differ, group)
+                             + ". Give every rank's Evaluator the same settings, and document_ids to every batch "
+                             "on every rank or to none")
         own = own_state, docs, rank_sums, cal = self._own_sums()  # (never the sums of an earlier all_reduce)
         state = asdict(own_state)
         extra: List[float] = [] if rank_sums is None else rank_sums.flat()
@@ -1319,6 +1317,18 @@ def _by_rank(texts: List[str]) -> str:
     for r, t in enumerate(texts):
         ranks.setdefault(t, []).append(r)
     return ", ".join(f"{t} on {_ranks_text(rs)}" for t, rs in ranks.items())
+
+
+def _differing(said: Dict[str, str], names: Optional[List[str]], group: Any) -> str:
+    """"name is a on ranks [0, 2], b on rank 1; ..." for the names (None:
+    those whose texts differ between the ranks), from each rank's texts
+    (said, gathered: every rank must call it)."""
+    import torch.distributed as dist
+
+    shown: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shown, said, group=group)
+    names = [k for k in said if len({s[k] for s in shown}) > 1] if names is None else names
+    return "; ".join(f"{k} is {_by_rank([s[k] for s in shown])}" for k in names)
 
 
 def _raise_where_failed(failed: Optional[BaseException], flags: List[int], group: Any, who: str, what: str) -> None:

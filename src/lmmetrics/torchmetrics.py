@@ -22,14 +22,13 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import fields as dataclass_fields
-from typing import (Any, Callable, Dict, ItemsView, Iterator, KeysView, List, Optional, Sequence, Tuple, ValuesView,
-                    cast)
+from typing import Any, Callable, Dict, ItemsView, Iterator, KeysView, Optional, Sequence, Tuple, ValuesView, cast
 
 import torch
 from torch.nn import Module, ModuleDict
 from torchmetrics import Metric
 
-from .evaluation import Evaluator, Metrics, _by_rank, _digest, _raise_where_failed, state_from_floats
+from .evaluation import Evaluator, Metrics, _differing, _digest, _raise_where_failed, state_from_floats
 
 # what can be logged: the keys of Metrics.as_dict() without document_ids
 _BASE = tuple(f.name for f in dataclass_fields(Metrics))[:12]  # tokens .. same_top
@@ -158,24 +157,14 @@ class _EvaluatorMetric(Metric):
             _raise_where_failed(failed, [row[0] for row in table], process_group, type(self).__name__,
                                "synced (every rank raises; the states keep the batches that succeeded)")
             if len({row[1] for row in table}) > 1:
-                self._raise_settings_differ(process_group, len(table))
+                said = {"class": type(self).__name__, "shift": repr(self._evaluator.shift),
+                        **{k: text for k, (_, text) in self._evaluator._settings().items() if k != "document_ids"}}
+                raise ValueError(f"{type(self).__name__}: the ranks' metrics differ, their sums cannot be synced: "
+                                 f"{_differing(said, None, process_group)}. Make every rank's metric of the same "
+                                 f"class and settings")
         if failed is not None:
             raise failed
         super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
-
-    def _raise_settings_differ(self, process_group: Any, world: int) -> None:
-        """The ValueError, on every rank, naming what differs between the
-        ranks' metrics (their texts gathered)."""
-        import torch.distributed as dist
-
-        said = {"class": type(self).__name__, "shift": repr(self._evaluator.shift),
-                **{k: text for k, (_, text) in self._evaluator._settings().items() if k != "document_ids"}}
-        shown: List[Any] = [None] * world
-        dist.all_gather_object(shown, said, group=process_group)
-        differ = [k for k in said if len({s[k] for s in shown}) > 1]
-        raise ValueError(f"{type(self).__name__}: the ranks' metrics differ, their sums cannot be synced: "
-                         + "; ".join(f"{k} is {_by_rank([s[k] for s in shown])}" for k in differ)
-                         + ". Make every rank's metric of the same class and settings")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The batch's value, accumulated (torchmetrics' forward), once the
