@@ -243,7 +243,8 @@ def _parser() -> argparse.ArgumentParser:
     files.add_argument("--key", help="the array to read from an .npz / .safetensors / .pt logits file "
                                      "(default: its only array, the one named logits, or its only float array)")
     files.add_argument("--targets-key", help="the array to read from an .npz / .safetensors / .pt targets "
-                                             "file (default: its only array, or the one named targets or labels)")
+                                             "file (default: its only array, or the one named targets or labels; "
+                                             "a file holding both needs this option)")
     files.add_argument("--ignore-index", type=int, default=-100,
                        help="targets equal to this (and negative ones) are ignored (default -100)")
     files.add_argument("--json", action="store_true",
@@ -261,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
                            "labels, label_ids or input_ids, or with input_ids beside them, which Hugging Face "
                            "gives unshifted")
     files.add_argument("--chunk-mb", type=_chunk_mb, default=256.0,
-                       help="logits read per step, in MiB (default 256)")
+                       help="logits read per step (with the reference's), in MiB (default 256)")
     files.add_argument("--token-bytes", help="file with the byte length of each token id (for bits per byte)")
     files.add_argument("--softcap", type=float, default=None, help="apply c * tanh(z / c) to the logits (both, for compare) first")
     s = _subparser(sub, "score", "every metric of saved logits and targets",

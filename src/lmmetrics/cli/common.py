@@ -17,15 +17,22 @@ import numpy.typing as npt
 
 from .._engine.errors import RowError, TargetError, row_error
 from .errors import InputError
-from .files import FORMATS, dtype_name, load_array, load_named, named_array
+from .files import FORMATS, array_names, dtype_name, load_array, load_named, named_array
+
+
+# the logits' dtypes the kernels take (checked with the shard, before any is scored, the file named)
+_LOGIT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def _rows(x: Any, name: str, vocab: Optional[int] = None) -> Any:
     """A logits array as (rows, V) without copying (numpy or torch)."""
     if len(x.shape) < 1 or x.shape[-1] < 1:
         raise InputError(f"{name} must be shaped (..., vocab), got {tuple(x.shape)}")
-    if "float" not in dtype_name(x):
-        raise InputError(f"{name} must hold float logits, got dtype {x.dtype}")
+    kind = dtype_name(x).replace("torch.", "")
+    if kind not in _LOGIT_DTYPES:
+        raw = (" (2-byte raw data: numpy saves an ml_dtypes bfloat16 array so, its type lost; save it as "
+               ".safetensors or .pt)" if kind == "void16" else "")
+        raise InputError(f"{name} must hold float logits ({', '.join(_LOGIT_DTYPES)}), got dtype {x.dtype}{raw}")
     if vocab is not None and x.shape[-1] != vocab:
         raise InputError(f"{name} has a vocabulary of {x.shape[-1]}, the logits {vocab}")
     return x.reshape(-1, x.shape[-1])
@@ -289,11 +296,16 @@ def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Nam
     """(logits, reference logits or None, flattened targets) of a shard
     (logits, targets[, reference]), checked against each other."""
     lpath, tpath = paths[:2]
-    raw = load_array(lpath, "logits", args.key)
+    name, raw = load_named(lpath, "logits", args.key)
     z = _rows(raw, lpath, vocab)
     ref = None
     if len(paths) > 2:
         rpath = paths[2]
+        if args.reference_key is None and os.path.samefile(lpath, rpath) and len(array_names(rpath)) > 1:
+            # (the reference's default rules are the logits': the same array, compared with itself)
+            raise InputError(f"--reference {rpath} is the logits' file, which holds several arrays "
+                             f"{array_names(rpath)}: name the reference's with --reference-key (without it the "
+                             f"reference would be the logits' own array {name!r}, compared with itself)")
         # (without --reference-key, the array --key names where the reference file holds one: the
         # reference file's "logits" beside it would be another array, compared unseen)
         ref = load_array(rpath, "reference logits", args.reference_key, prefer=args.key)
@@ -316,10 +328,11 @@ def _json(d: Dict[str, Any]) -> str:
     return json.dumps(finite(d), allow_nan=False)
 
 
-def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
+def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]],
             args: argparse.Namespace) -> Iterable[Tuple[Any, Any, npt.NDArray[np.integer[Any]], _At]]:
     """(logits, reference, targets, at) chunks of about --chunk-mb of logits
-    (``buffers`` logits arrays read together), views of the inputs; ``at``
+    (the logits' and the reference's bytes together, each of its own dtype),
+    views of the inputs; ``at``
     maps a row of the piece's pass to its flat position in the shard
     (`_named`).
 
@@ -329,7 +342,7 @@ def _pieces(raw: Any, ref: Any, t: npt.NDArray[np.integer[Any]], buffers: int,
     positions [a, e] (scoring a..e-1 against the targets a+1..e), each piece
     for the library's ``shift=True``, which drops its last position."""
     vocab = int(raw.shape[-1])
-    itemsize = buffers * _itemsize(raw)
+    itemsize = _itemsize(raw) + (0 if ref is None else _itemsize(ref))
     if not args.shift:
         z = raw.reshape(-1, vocab)
         r = None if ref is None else ref.reshape(-1, vocab)

@@ -40,7 +40,7 @@ def _compare(args: argparse.Namespace) -> int:
         if i == 0 and args.token_bytes:
             table = as_table(load_array(args.token_bytes, "token_bytes"), int(raw.shape[-1]), "token_bytes")
         lead = tuple(int(n) for n in raw.shape[:-1])
-        for zc, rc, tc, at in _pieces(raw, ref, t, 2, args):
+        for zc, rc, tc, at in _pieces(raw, ref, t, args):
             with _named(_shard_name(shards, i), lead, at):
                 parts.append(token_values(rc, zc, tc, ignore_index=args.ignore_index, shift=args.shift,
                                           softcap=args.softcap, num_threads=args.threads, top_k=args.top_k))

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from .errors import FileError
 
-__all__ = ["FORMATS", "FileError", "dtype_name", "load_array", "load_named", "named_array"]
+__all__ = ["FORMATS", "FileError", "array_names", "dtype_name", "load_array", "load_named", "named_array"]
 
 FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 
@@ -387,7 +387,8 @@ def load_array(path: str, role: str, key: Optional[str] = None, prefer: Optional
     """The array in ``path`` for ``role`` (``logits``, ``targets``, ...):
     the one named ``key``; without a key the one named ``prefer`` where the
     file holds one, else the file's only array, or the one named ``role``
-    (for ``targets``, also one named ``labels``)."""
+    (for ``targets``, also one named ``labels``; a file holding both is an
+    error naming the key option, as either may be meant)."""
     return load_named(path, role, key, prefer)[1]
 
 
@@ -413,6 +414,19 @@ def load_named(path: str, role: str, key: Optional[str] = None, prefer: Optional
 def _getters(path: str, ext: str) -> Dict[str, Callable[[], Any]]:
     """name -> a function giving the array, for a file of several arrays."""
     return {".npz": _npz, ".safetensors": _safetensors}.get(ext, _pt)(path)
+
+
+def array_names(path: str) -> List[str]:
+    """The names of the arrays in ``path``, sorted (``[""]`` for an
+    ``.npy``, which holds one unnamed array)."""
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        return [""]
+    try:
+        return sorted(_getters(path, ext))
+    except OSError as e:
+        raise FileError(f"{path}: cannot read: {e.strerror or _why(e)}") from None
 
 
 def named_array(path: str, name: str) -> Optional[Any]:
@@ -444,14 +458,17 @@ def _pick(path: str, role: str, key: Optional[str], getters: Dict[str, Callable[
         return names[0], getters[names[0]]()
     if not getters:
         raise FileError(f"{path}: holds no arrays")
-    for name in _ALIASES.get(role, (role,)):
-        if name in getters:
-            return name, getters[name]()
+    flag = _KEY_FLAGS.get(role)
+    aliases = [name for name in _ALIASES.get(role, (role,)) if name in getters]
+    if len(aliases) > 1:  # {targets, labels}: aligned and unshifted ids are both usual, either may be meant
+        raise FileError(f"{path} holds several arrays {names}, of which {' and '.join(map(repr, aliases))} could "
+                        f"each be the {role}: name the {role} one with {flag}")
+    if aliases:
+        return aliases[0], getters[aliases[0]]()
     if role in _LOGITS_ROLES:
         arrays = {k: getters[k]() for k in names}
         floats = [k for k, a in arrays.items() if "float" in dtype_name(a)]
         if len(floats) == 1:
             return floats[0], arrays[floats[0]]
-    flag = _KEY_FLAGS.get(role)
     how = f"name the {role} one with {flag}" if flag else f"call the {role} one {role!r} in the file, or save it alone"
     raise FileError(f"{path} holds several arrays {names}: {how}")

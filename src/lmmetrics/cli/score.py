@@ -38,7 +38,7 @@ def _score(args: argparse.Namespace) -> int:
                 ev.check_vocab(int(raw.shape[-1]))  # a vocab / token_bytes mismatch fails before any work
             out.shard(raw.shape, t)
             lead = tuple(int(n) for n in raw.shape[:-1])
-            for zc, rc, tc, at in _pieces(raw, ref, t, 1 if ref is None else 2, args):
+            for zc, rc, tc, at in _pieces(raw, ref, t, args):
                 with _named(_shard_name(shards, i), lead, at):
                     out.rows(ev._update_rows(zc, tc, reference_logits=rc, **out.wanted))
         m = ev.compute()
