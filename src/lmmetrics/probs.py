@@ -92,6 +92,24 @@ def _xlogy(x: F64Array, y: F64Array) -> F64Array:
         return np.where(x > 0, x * np.log(np.where(x > 0, y, 1.0)), 0.0)
 
 
+def _rel_entr(x: F64Array, y: F64Array) -> F64Array:
+    """x * log(x / y) with 0 * log(anything) = 0, as scipy's rel_entr: for x
+    and y within a factor 2, log1p((x - y) / y) (x - y exact), as a log of
+    the rounded ratio, or log x - log y, is off by 1e-16 absolute where the
+    value is tiny (a KL of 9e-15 came out 0.8% off); elsewhere the log of
+    the ratio, or log x - log y where the ratio is not a normal float (y = 0
+    < x: inf)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        ratio = x / y
+        close = (ratio > 0.5) & (ratio < 2.0)
+        normal = (ratio >= np.finfo(np.float64).tiny) & (ratio < math.inf)
+        safe_y = np.where(close, y, 1.0)
+        log_ratio = np.where(close, np.log1p((np.where(close, x, 1.0) - safe_y) / safe_y),
+                             np.where(normal, np.log(np.where(normal, ratio, 1.0)),
+                                      np.log(np.where(x > 0, x, 1.0)) - np.log(np.where(x > 0, y, 1.0))))
+        return np.where(x > 0, x * log_ratio, 0.0)
+
+
 def entropy(p: npt.ArrayLike, base: float = 2, *, atol: Optional[float] = None) -> Union[float, F64Array]:
     """Entropy ``H(P) = -sum p log p`` (0 log 0 = 0).
 
@@ -196,7 +214,7 @@ def kl_divergence(p: npt.ArrayLike, q: npt.ArrayLike, base: float = 2, *,
     a, b = _dist(p, "p", atol), _dist(q, "q", atol)
     if a.shape != b.shape:
         raise ValueError(f"p and q must have the same shape, got {a.shape} and {b.shape}")
-    return _out((_xlogy(a, a) - _xlogy(a, b)).sum(axis=-1) / _log(base))
+    return _out(_rel_entr(a, b).sum(axis=-1) / _log(base))
 
 
 def perplexity(p: npt.ArrayLike, base: float = 2, *, atol: Optional[float] = None) -> Union[float, F64Array]:
