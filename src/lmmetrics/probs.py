@@ -4,8 +4,8 @@
 within ``atol``; otherwise ValueError. ``atol=None`` (the default) is 1e-6
 plus what the input's float type adds to a row's sum in rounding each
 entry: its ``eps`` (9.8e-4 for float16, 7.8e-3 for bfloat16, 1.2e-7 for
-float32) and its smallest subnormal per entry, so that the probabilities of
-a 16-bit softmax are taken as they are. Results are in units of ``base``
+float32) and half its smallest subnormal per entry (3e-8 for float16), so
+that the probabilities of a 16-bit softmax are taken as they are. Results are in units of ``base``
 (2: bits, e: nats), one value per row (a float for a 1-D input).
 """
 from __future__ import annotations
@@ -63,10 +63,10 @@ def _dist(p: npt.ArrayLike, name: str, atol: Optional[float]) -> F64Array:
         raise ValueError(f"{name} has negative entries (log-probabilities? pass their exp)")
     if atol is None:
         # (rounding each entry to the input's type moves a row's sum by at
-        # most eps/2 of it, and by half the smallest subnormal an entry: twice
-        # that, for rounding in the steps that made them)
+        # most eps/2 of it, and by half the smallest subnormal, tiny * eps,
+        # an entry: eps, for rounding in the steps that made them too)
         eps, tiny = (0.0, 0.0) if info is None else (float(info.eps), float(info.tiny))
-        tol = 1e-6 + eps + a.shape[-1] * tiny * eps
+        tol = 1e-6 + eps + a.shape[-1] * tiny * eps / 2
     sums = a.sum(axis=-1)
     bad = np.abs(sums - 1.0) > tol
     if bad.any():
