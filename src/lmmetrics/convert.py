@@ -243,17 +243,17 @@ def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[
     if (ll > 0).any():  # (a sign slip would give a perplexity below 1)
         raise ValueError(f"loglikelihoods must be <= 0 (log-probabilities), got {float(ll[ll > 0][0])!r}; "
                          f"for NLLs pass their negatives")
-    total = float(ll.sum())
+    nll = 0.0 - float(ll.sum())  # (0.0 - x: no -0.0 bits per byte for log-likelihoods of 0)
     n_words = _counts("words", words, ll.size)
     n_bytes = _counts("bytes", bytes, ll.size)
 
     def perplexity(count: Optional[float]) -> Optional[float]:
         if count is None:
             return None
-        return exp(-total / count) if count else math.inf
+        return exp(nll / count) if count else math.inf
 
     return {
         "word_perplexity": perplexity(n_words),
         "byte_perplexity": perplexity(n_bytes),
-        "bits_per_byte": None if n_bytes is None else bits_per_unit(-total, n_bytes),
+        "bits_per_byte": None if n_bytes is None else bits_per_unit(nll, n_bytes),
     }
