@@ -164,6 +164,41 @@ def run_gloo_workers(source, tmp_path, world=2, timeout=120):
     return outs
 
 
+class Jobs:
+    """A test module's slow jobs (each a callable that runs a subprocess: a
+    build, an interpreted kernel group), run in the background two at a
+    time, so that the machine's second core works while a test waits for
+    its own job. Given each job under its test's name (``item.name``, its
+    parameters included); only the jobs of the tests this session selected
+    run, in the order those were collected, from the first ``result`` on.
+    A job leaves its checks (and skips) to its test, which takes its value
+    or exception with ``result``."""
+
+    def __init__(self, request, jobs, workers=2):
+        from concurrent.futures import ThreadPoolExecutor
+
+        mod = request.module
+        self._order = [item.name for item in request.session.items
+                       if getattr(item, "module", None) is mod and item.name in jobs]
+        self._jobs = jobs
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
+        self._futures = None
+
+    def result(self, request):
+        """The value of the job of the test asking (request: its fixture
+        request), raising what the job raised."""
+        if self._futures is None:
+            self._futures = {name: self._pool.submit(self._jobs[name]) for name in self._order}
+        name = request.node.name
+        if name not in self._futures:  # (a test not collected with the others: run now)
+            self._futures[name] = self._pool.submit(self._jobs[name])
+        return self._futures[name].result()
+
+    def close(self):
+        """Drops the jobs not started and waits for those running."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def gpu_path_edges(V=700):
     """Rows on which a CUDA path once returned a wrong number, as float64
     numpy (z, r, t) plus what each row must give (the native core gives it

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import lmmetrics  # noqa: E402
-from helpers import BF16, inf_and_nan_head, ref_entropy, ref_kl, ref_nll  # noqa: E402
+from helpers import BF16, Jobs, inf_and_nan_head, ref_entropy, ref_kl, ref_nll  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lmmetrics.__file__)))
@@ -32,14 +32,20 @@ TOL = 2e-6
 KEYS = ("nll", "entropy", "argmax", "kl", "ref_argmax", "ref_nll")
 
 
-def _in_subprocess(group, interpret=True, timeout=300):
+def _child(group, interpret=True, timeout=300):
+    """The group run in a fresh process (TRITON_INTERPRET=1 set before
+    triton is imported, with interpret); its CompletedProcess."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG_ROOT, HERE, os.path.dirname(HERE),
                                                         os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-c", f"import test_triton as m; m.{group}()"], cwd=HERE,
+    return subprocess.run([sys.executable, "-c", f"import test_triton as m; m.{group}()"], cwd=HERE,
                           env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _check(proc):
+    """A group's process passed (printed GROUP OK), or skipped itself."""
     out = proc.stdout + proc.stderr
     if proc.returncode == 0 and "SKIP:" in proc.stdout:
         pytest.skip(proc.stdout.split("SKIP:", 1)[1].strip())
@@ -1335,24 +1341,41 @@ def group_compile_sm90():
 
 # ------------------------------------------------------------- the tests
 
-@pytest.mark.parametrize("group", ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges", "group_lazy_logits",
-                                   "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
-                                   "group_rank_and_top_logprob", "group_one_transfer",
-                                   "group_targets_stay_on_the_device", "group_span_edges", "group_sync_false"])
-def test_interpreted(group):
-    _in_subprocess(group)
+INTERPRETED = ["group_random_values", "group_special_values", "group_errors", "group_gpu_path_edges",
+               "group_lazy_logits", "group_split_rows", "group_layouts_and_api", "group_bench_smoke",
+               "group_rank_and_top_logprob", "group_one_transfer", "group_targets_stay_on_the_device",
+               "group_span_edges", "group_sync_false"]
+#: the tests run compiled (triton's compile-only path, its launcher), and their groups
+COMPILED = {"test_direct_launch_passes_what_triton_passes": "group_direct_launch",
+            "test_direct_launch_picks_the_kernel_triton_picks": "group_direct_launch_probe",
+            "test_compiles_for_sm90_without_spills": "group_compile_sm90"}
 
 
-def test_direct_launch_passes_what_triton_passes():
-    _in_subprocess("group_direct_launch", interpret=False)
+@pytest.fixture(scope="module")
+def groups(request):
+    """Every group's process, two at a time in the background (`Jobs`)."""
+    jobs = {f"test_interpreted[{g}]": (lambda g=g: _child(g)) for g in INTERPRETED}
+    jobs.update({test: (lambda g=g: _child(g, interpret=False)) for test, g in COMPILED.items()})
+    pool = Jobs(request, jobs)
+    yield pool
+    pool.close()
 
 
-def test_direct_launch_picks_the_kernel_triton_picks():
-    _in_subprocess("group_direct_launch_probe", interpret=False)
+@pytest.mark.parametrize("group", INTERPRETED)
+def test_interpreted(group, groups, request):
+    _check(groups.result(request))
 
 
-def test_compiles_for_sm90_without_spills():
-    _in_subprocess("group_compile_sm90", interpret=False)
+def test_direct_launch_passes_what_triton_passes(groups, request):
+    _check(groups.result(request))
+
+
+def test_direct_launch_picks_the_kernel_triton_picks(groups, request):
+    _check(groups.result(request))
+
+
+def test_compiles_for_sm90_without_spills(groups, request):
+    _check(groups.result(request))
 
 
 # ------------------------------------------------- on a GPU, when present
