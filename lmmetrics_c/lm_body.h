@@ -155,6 +155,9 @@ LM_INLINE lmv_t LM_FN(cap_)(lmv_t x, const LM_FN(cap_t) *k) {
     lmv_t y = lmv_max(lmv_set1(LM_EXP_LO), lmv_mul(u, lmv_set1(-2.0f)));
     lmv_t t, r, r2, d = LM_FN(reduce_)(y, &t, &r, &r2);
     lmv_t q = lmv_fma(d, r2, r);                         /* e^r - 1 */
+    /* n == 0: q itself; NaN (x NaN) too: lmv_scale's integer add would
+     * carry a NaN's low payload bits into its sign and exponent, a finite
+     * value (0x7f800001 capped to c), a NaN the pass no longer sees */
     lmv_t em1 = lmv_sel_n0(lmv_sub(t, lmv_set1(LM_MAGIC)), q,
                       lmv_sub(lmv_scale(lmv_add(q, lmv_set1(1.0f)), t), lmv_set1(1.0f)));
     lmv_t tnh = lmv_div(lmv_sub(lmv_set1(0.0f), em1), lmv_add(em1, lmv_set1(2.0f)));

@@ -51,8 +51,9 @@ static inline double lm_avx2_wide_sum(__m256d w) {
     return (t[0] + t[1]) + (t[2] + t[3]);
 }
 #define lmv_wide_sum lm_avx2_wide_sum
+/* a where n is 0 or NaN, else b */
 #define lmv_sel_n0(n, a, b)                                                      \
-    _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ))
+    _mm256_blendv_ps(b, a, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_UQ))
 /* nonzero when some lane of a equals the same lane of b */
 #define lmv_any_eq(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ))
 /* x where y >= lo, else 0 (NaN in y: 0) */

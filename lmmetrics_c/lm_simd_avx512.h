@@ -54,8 +54,9 @@ typedef __m512i lmv_i16_t;
     _mm512_add_pd(w, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),  \
         _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))))
 #define lmv_wide_sum(w) _mm512_reduce_add_pd(w)
+/* a where n is 0 or NaN, else b */
 #define lmv_sel_n0(n, a, b)                                                      \
-    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), b, a)
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_UQ), b, a)
 /* nonzero when some lane of a equals the same lane of b */
 #define lmv_any_eq(a, b) _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ)
 /* x where y >= lo, else 0 (NaN in y: 0) */

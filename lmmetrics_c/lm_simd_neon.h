@@ -47,7 +47,8 @@ static const int32_t lm_neon_pow2q_tab[4] = {LM_POW2Q_TABLE4};
 #define lmv_wide_add(w, v)                                                       \
     vaddq_f64(w, vaddq_f64(vcvt_f64_f32(vget_low_f32(v)), vcvt_high_f64_f32(v)))
 #define lmv_wide_sum(w) (vgetq_lane_f64(w, 0) + vgetq_lane_f64(w, 1))
-#define lmv_sel_n0(n, a, b) vbslq_f32(vceqq_f32(n, vdupq_n_f32(0.0f)), a, b)
+/* a where n is 0 or NaN, else b (|n| > 0 is false for both) */
+#define lmv_sel_n0(n, a, b) vbslq_f32(vcagtq_f32(n, vdupq_n_f32(0.0f)), b, a)
 /* nonzero when some lane of a equals the same lane of b */
 #define lmv_any_eq(a, b) vmaxvq_u32(vceqq_f32(a, b))
 /* x where y >= lo, else 0 (NaN in y: 0) */

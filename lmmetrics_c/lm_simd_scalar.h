@@ -59,7 +59,8 @@ static inline float lm_pow2q(float t) {
 #undef LM_QBITS
 #define LM_QBITS 5
 #define lmv_pow2q(t) lm_pow2q(t)
-#define lmv_sel_n0(n, a, b) ((n) == 0 ? (a) : (b))
+/* a where n is 0 or NaN, else b */
+#define lmv_sel_n0(n, a, b) ((n) < 0 || (n) > 0 ? (b) : (a))
 #define lmv_any_eq(a, b) ((a) == (b))
 #define lmv_zero_below(x, y, lo) ((y) >= (lo) ? (x) : (LMV_LANE)0)
 /* the rank's count: lanes where x > t (ordered), added to int lanes */

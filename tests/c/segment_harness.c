@@ -392,6 +392,20 @@ int main(void) {
             unit->kernels[dtype](zb, NULL, n, LM_WANT_ENT | LM_WANT_AMAX, 0.0f, INFINITY, 0, NULL, NULL, &st);
             expect(st.nan || st.exact, "NaN found", "unit", dtype, n, pos, st.nan, 1);
         }
+        /* float32 NaN of any sign and payload, capped or not (the lanes'
+         * softcap scales by an integer add that low payload bits reach) */
+        if (dtype == LM_F32) {
+            static const uint32_t nans[4] = {0x7fc00000u, 0x7f800001u, 0xff800001u, 0xffffffffu};
+            for (int q = 0; q < 8; q++) {
+                int64_t n = 37, pos = 5 * q;
+                int flags = LM_WANT_ENT | LM_WANT_AMAX | (q & 1 ? LM_WANT_CAP : 0);
+                lm_state st;
+                for (int64_t i = 0; i < n; i++) put(zb, dtype, i, rng_normal());
+                memcpy((float *)zb + pos, &nans[q / 2], 4);
+                unit->kernels[dtype](zb, NULL, n, flags, 3.0, INFINITY, 0, NULL, NULL, &st);
+                expect(st.nan || st.exact, "NaN payload found", "unit", dtype, n, q, st.nan, 1);
+            }
+        }
     }
     if (unit->kernels[LM_F64]) check_edges_f64(unit, zb, rb, z, r, vals);
     {   /* the read pass: the max of n floats */

@@ -219,6 +219,25 @@ def test_nan_with_any_payload_or_sign_is_found(isa, bits):
             lmmetrics.token_nll(h, np.array([0, 0]))
 
 
+@pytest.mark.parametrize("bits", [0x7F800001, 0xFF800001, 0xFFFFFFFF, 0x7FC001FF])
+@pytest.mark.parametrize("V", [1, 17, 3000])
+def test_nan_with_any_payload_is_found_under_a_softcap(isa, bits, V):
+    # the lanes' softcap scales by an integer add to the exponent field: a
+    # NaN whose low payload bits reached it came out finite (0x7f800001
+    # capped to c, its NLL a number where the row must be an error)
+    z = np.zeros((2, V), np.float32)
+    z.view(np.uint32)[1, V // 2] = bits
+    r = np.zeros((2, V), np.float32)
+    with pytest.raises(ValueError, match="NaN in logits at row 1"):
+        lmmetrics.token_nll(z, np.array([0, 0]), softcap=3.0)
+    with pytest.raises(ValueError, match="NaN in logits at row 1"):
+        lmmetrics.token_entropy(z, softcap=3.0)
+    with pytest.raises(ValueError, match="NaN in logits at row 1"):
+        lmmetrics.token_kl(z, reference_logits=r, softcap=3.0)
+    with pytest.raises(ValueError, match="NaN in reference_logits at row 1"):
+        lmmetrics.token_kl(r, reference_logits=z, softcap=3.0)
+
+
 def test_all_neg_inf_row_is_an_error(isa):
     z = np.zeros((3, 20), np.float32)
     z[1] = -np.inf
