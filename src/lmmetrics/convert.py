@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._engine.checks import check_positive_int
+from ._engine.inputs import check_unmasked
 from ._engine.types import F64Array, FloatArray
 
 LN2 = math.log(2.0)
@@ -179,6 +180,7 @@ def whole_counts(name: str, counts: Any) -> F64Array:
     """counts (words, bytes, one per document) as float64, or ValueError
     naming ``name`` for what is not a number, bool, negative, infinite, NaN
     or fractional."""
+    check_unmasked(counts, name)
     c = np.asarray(counts)
     if c.dtype.kind not in "iuf":
         raise ValueError(f"{name} must be whole counts (integers >= 0), got dtype {c.dtype}")
@@ -237,6 +239,7 @@ def corpus_metrics(loglikelihoods: Sequence[float], *, words: Optional[Sequence[
     >>> round(m["word_perplexity"], 2), round(m["bits_per_byte"], 4)
     (320.77, 1.4597)
     """
+    check_unmasked(loglikelihoods, "loglikelihoods")
     ll = np.asarray(loglikelihoods, dtype=np.float64).reshape(-1)
     if np.isnan(ll).any():
         raise ValueError("loglikelihoods contain NaN")

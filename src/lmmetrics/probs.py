@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._engine.device import is_torch
+from ._engine.inputs import check_unmasked
 from ._engine.types import F64Array
 
 __all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
@@ -47,6 +48,7 @@ def _dist(p: npt.ArrayLike, name: str, atol: Optional[float]) -> F64Array:
             info = torch.finfo(t.dtype)
         raw = t.cpu().double().numpy()
     else:
+        check_unmasked(p, name)
         raw = np.asarray(p)
         if raw.dtype.kind == "f":
             info = np.finfo(raw.dtype)

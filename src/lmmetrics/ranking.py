@@ -27,6 +27,7 @@ import numpy as np
 
 from . import _engine
 from ._engine.checks import check_positive_int
+from ._engine.inputs import check_unmasked
 from ._engine.types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits
 from .metrics import _per_position, as_output
 
@@ -296,6 +297,8 @@ class Calibration:
         values other than booleans, 0 and 1.
         """
         n = _check_bins(bins)
+        check_unmasked(confidence, "confidence")
+        check_unmasked(correct, "correct")
         conf = np.asarray(confidence, np.float64).reshape(-1)
         given = np.asarray(correct).reshape(-1)
         ok: BoolArray = given.astype(bool)

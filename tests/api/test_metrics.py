@@ -143,3 +143,54 @@ def test_a_tuple_or_dict_of_model_outputs_is_a_clear_error():
     want = float(np.exp(ref_nll(z, t).mean()))
     assert lmmetrics.perplexity(z.tolist(), t) == pytest.approx(want, rel=1e-6)
     assert lmmetrics.perplexity([z[0], z[1]], t) == pytest.approx(want, rel=1e-6)
+
+
+def test_a_masked_array_with_masked_entries_is_refused_not_read_without_its_mask():
+    """numpy hands over the values under a mask: masked logits (a vocabulary
+    masked out), targets (positions masked out) or tables read so gave the
+    numbers of the unmasked arrays, silently. Refused, saying what to pass;
+    a masked array with nothing masked is read as its values."""
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(4, 7)).astype(np.float32)
+    t = np.array([1, 2, 3, 4])
+    zm = np.ma.masked_array(z, mask=np.zeros_like(z, bool))
+    zm[:, 5] = np.ma.masked
+    tm = np.ma.masked_array(t, mask=[False, True, False, False])
+    with pytest.raises(TypeError, match=r"logits is a numpy masked array.*logits.filled\(-np.inf\)"):
+        lmmetrics.cross_entropy(zm, t)
+    with pytest.raises(TypeError, match=r"reference_logits is a numpy masked array"):
+        lmmetrics.kl_divergence(z, reference_logits=zm)
+    with pytest.raises(TypeError, match=r"targets is a numpy masked array.*targets.filled\(-100\)"):
+        lmmetrics.cross_entropy(z, tm)
+    with pytest.raises(TypeError, match=r"targets is a numpy masked array"):
+        lmmetrics.evaluate(z[None], tm[None], shift=False)
+    ev = lmmetrics.Evaluator()
+    with pytest.raises(TypeError, match=r"document_ids is a numpy masked array"):
+        ev.update(z, t, document_ids=np.ma.masked_array([0, 0, 1, 1], mask=[0, 0, 0, 1]))
+    table = np.ma.masked_array(np.ones(7, np.int64), mask=[0] * 6 + [1])
+    with pytest.raises(TypeError, match=r"token_bytes is a numpy masked array"):
+        lmmetrics.bits_per_byte(z, t, table)
+    # nothing masked: the values, as a plain array gives them (float64 reference)
+    plain = np.ma.masked_array(z)
+    want = float(np.mean(ref_nll(z.astype(np.float64), t)))
+    assert lmmetrics.cross_entropy(plain, np.ma.masked_array(t)) == pytest.approx(want, rel=2e-6)
+
+
+def test_masked_arrays_are_refused_by_the_functions_of_plain_values():
+    """The same for probabilities, log-likelihoods, counts and calibration
+    arrays: a masked entry is not read as absent."""
+    from lmmetrics import convert, probs
+    from lmmetrics.ranking import Calibration
+
+    p = np.ma.masked_array([0.5, 0.25, 0.25], mask=[0, 0, 1])
+    with pytest.raises(TypeError, match=r"p is a numpy masked array"):
+        probs.entropy(p)
+    ll = np.ma.masked_array([-2.0, -3.0], mask=[0, 1])
+    with pytest.raises(TypeError, match=r"loglikelihoods is a numpy masked array"):
+        convert.corpus_metrics(ll, bytes=[4, 5])
+    with pytest.raises(TypeError, match=r"bytes is a numpy masked array"):
+        convert.corpus_metrics([-2.0, -3.0], bytes=np.ma.masked_array([4, 5], mask=[1, 0]))
+    with pytest.raises(TypeError, match=r"confidence is a numpy masked array"):
+        Calibration.from_arrays(np.ma.masked_array([0.9, 0.2], mask=[0, 1]), [True, False])
+    # nothing masked: the values (0.5 log2 2 + 2 * 0.25 log2 4 = 1.5 bits)
+    assert probs.entropy(np.ma.masked_array([0.5, 0.25, 0.25])) == pytest.approx(1.5, rel=1e-15)

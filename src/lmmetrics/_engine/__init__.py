@@ -58,7 +58,7 @@ def run(logits: Any, targets: Any = None, reference: Any = None, *, ignore_index
     said = check_shift(shift)
     if said is None and targets is not None and (type(logits) is not np.ndarray or reference is not None):
         _shift_must_be_said(logits, reference)  # (without targets, entropy and KL, nothing to align)
-    logits, reference = model_logits(logits), model_logits(reference)
+    logits, reference = model_logits(logits), model_logits(reference, "reference_logits")
     if said:
         logits, targets, reference = shifted(logits, targets, reference)
     if ("kl" in want or "ref_nll" in want) and reference is None:

@@ -8,6 +8,7 @@ Only the vocabulary axis must be contiguous; the leading axes may be strided
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
@@ -42,12 +43,31 @@ def is_cuda(x: Any) -> bool:
     return is_torch(x) and not x.is_cpu
 
 
-def model_logits(x: Any) -> Any:
+def check_unmasked(x: Any, name: str, fill: Optional[str] = None) -> None:
+    """A numpy masked array with some entry masked is a TypeError saying
+    what to pass instead (fill: the value for ``.filled()`` that means what
+    a mask would, where there is one): its mask would be read as nothing
+    (numpy hands over the values under it)."""
+    if type(x) is np.ndarray or not isinstance(x, np.ndarray):
+        return
+    ma = sys.modules.get("numpy.ma")  # (not imported: x cannot be one)
+    if ma is not None and isinstance(x, ma.MaskedArray) and ma.getmaskarray(x).any():
+        how = (f"pass {name}.filled({fill}) to rule the masked entries out, or .data for the values under "
+               f"the mask" if fill else "pass a plain array (.filled(value) or .data)")
+        raise TypeError(f"{name} is a numpy masked array with masked entries, whose mask lmmetrics does not "
+                        f"read: {how}")
+
+
+def model_logits(x: Any, name: str = "logits") -> Any:
     """The ``.logits`` of a model output (e.g. transformers'
     ``CausalLMOutputWithPast``); arrays, tensors and None as given. A tuple
     or dict of a model's outputs (``return_dict=False``) is a TypeError
-    saying to pass the logits alone (np.asarray failed on it obscurely)."""
-    if x is None or isinstance(x, np.ndarray) or is_torch(x):
+    saying to pass the logits alone (np.asarray failed on it obscurely);
+    so is a masked array with masked entries (`check_unmasked`)."""
+    if x is None or type(x) is np.ndarray or is_torch(x):
+        return x
+    if isinstance(x, np.ndarray):
+        check_unmasked(x, name, "-np.inf")
         return x
     if hasattr(x, "logits"):
         return x.logits
@@ -331,6 +351,7 @@ def as_index_array(x: Any, name: str) -> npt.NDArray[np.integer[Any]]:
     """An integer array (numpy or torch CPU/CUDA) as numpy, or TypeError."""
     if is_torch(x):
         x = torch_values(x, name).cpu().numpy()
+    check_unmasked(x, name, "-100" if name == "targets" else None)
     a = np.asarray(x)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
