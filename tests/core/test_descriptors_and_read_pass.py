@@ -299,6 +299,16 @@ def test_unaligned_buffer_is_copied(dt):
     t = np.array([1, 5, 10])
     assert lmmetrics.cross_entropy(u, t, reduction="none").tobytes() == \
         lmmetrics.cross_entropy(a, t, reduction="none").tobytes()
+    torch = pytest.importorskip("torch")
+    # a torch tensor there (torch.frombuffer at an odd offset) too: the core
+    # read it in place, a misaligned element access
+    ut = torch.frombuffer(bytearray(raw.tobytes()), dtype=getattr(torch, dt), offset=1).view(a.shape)
+    assert ut.data_ptr() % a.itemsize and np.array_equal(ut.numpy(), a)
+    d = _inputs.as_logits(ut)
+    assert d.ptr % a.itemsize == 0
+    assert lmmetrics.token_entropy(ut).numpy().tobytes() == lmmetrics.token_entropy(a).tobytes()
+    assert lmmetrics.cross_entropy(ut, torch.from_numpy(t), reduction="none").numpy().tobytes() == \
+        lmmetrics.cross_entropy(a, t, reduction="none").tobytes()
 
 
 # -- 3. the same numbers from the fast path and a strided copy ----------------

@@ -312,6 +312,8 @@ def _torch_logits(x: torch.Tensor, name: str) -> Logits:
     x = torch_values(x, name)
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         x = x.contiguous()
+    if x.data_ptr() % x.element_size():  # (torch.frombuffer at an odd offset: the core reads whole elements)
+        x = x.clone()
     return _describe(x, x.data_ptr(), dtype, tuple(x.shape), tuple(x.stride()[:-1]), True, name)
 
 
