@@ -207,9 +207,9 @@ def gpu_path_edges(V=700):
     last one partial."""
     rng = np.random.default_rng(22)
     f32min = float(np.finfo(np.float32).min)
-    z = rng.standard_normal((9, V)) * 2
-    r = z + rng.standard_normal((9, V)) * 0.3
-    t = rng.integers(0, V, 9)
+    z = rng.standard_normal((11, V)) * 2
+    r = z + rng.standard_normal((11, V)) * 0.3
+    t = rng.integers(0, V, 11)
     expect = []
     z[0] = r[0] = -1e30                       # a row masked entirely with a finite value
     expect += [(0, "nll", math.log(V)), (0, "entropy", math.log(V)), (0, "kl", 0.0)]
@@ -229,6 +229,15 @@ def gpu_path_edges(V=700):
     expect += [(7, "kl", None), (7, "nll", None)]
     r[8] = z[8] + rng.standard_normal(V) * 1e-4  # nearly the same model: KL tiny, never negative
     expect += [(8, "kl", None)]
+    # the model masks with finfo.min where the reference does not, then has
+    # logits further on the same lane-rows (a masked prefix; a masked middle
+    # from a tile's start): its shift moves by 3.4e38 there, and the KL is
+    # that times the reference's mass (the Triton kernel's float sums once
+    # clamped the move at 1e30: 3.5e29 for 1.19e38 in row 9 with its
+    # default spans, 1.05e38 with the tests' spans of 256)
+    z[9, :300] = f32min
+    z[10, 256:600] = f32min
+    expect += [(9, "kl", None), (10, "kl", None)]
     return z, r, t, expect
 
 

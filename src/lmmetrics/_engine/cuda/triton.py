@@ -267,12 +267,16 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
                     rm_new, rms, ra, rmo, ym = _shift(y, rm)
                     dr = tl.maximum(y - rms[:, None], _NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
                     er = tl.math.exp2(dr * _LOG2E)
-                    # c = sum e_r ((r - rm) - (z - m)), moved to both sides' new shifts
-                    c = ra * (c + (tl.maximum(rmo - rms, _NEG_BIG) - tl.maximum(mo - ms, _NEG_BIG)) * rs) \
-                        + tl.sum(er * (dr - d), axis=1)
+                    # c = sum e_r ((r - rm) - (z - m)), moved to both sides' new shifts: the model's move
+                    # as it is, times the reference's old mass rs ra (a lane-row of finfo.min, then
+                    # logits: 3.4e38 times that mass, the KL's own size; clamped at 1e30, the KL came
+                    # back 1e8 times too small), past float inf or NaN and so the exact path (C below);
+                    # the reference's move clamped, where ra is 0 (no old mass left, no inf times 0)
+                    c = tl.fma(tl.maximum(rmo - rms, _NEG_BIG) - (mo - ms), rs * ra,
+                               tl.fma(c, ra, tl.sum(er * (dr - d), axis=1)))
                     # a term beyond float (the model masks where the reference does not): the exact path
                     big = tl.maximum(big, tl.max(tl.where(y > ninf, dr - d, ninf), axis=1))
-                    rs = rs * ra + tl.sum(er, axis=1)
+                    rs = tl.fma(rs, ra, tl.sum(er, axis=1))
                     if WANT_AMAX:
                         rbt = tl.where(ym > rm, k, rbt)
                     rm = rm_new
@@ -303,7 +307,7 @@ def _spans(z_ptr: tl.tensor, r_ptr: tl.tensor, tgt_ptr: tl.tensor, st_ptr: tl.te
                 RS = tl.sum(rs * rw, axis=0)
                 rmo = tl.where(rm == ninf, 0.0, rm)
                 mo = tl.where(m == ninf, 0.0, m)
-                C = tl.sum(rw * (c + (tl.maximum(rmo - RMs, _NEG_BIG) - tl.maximum(mo - Ms, _NEG_BIG)) * rs), axis=0)
+                C = tl.sum(rw * c + (tl.maximum(rmo - RMs, _NEG_BIG) - (mo - Ms)) * (rs * rw), axis=0)  # (as c)
                 tl.store(at + 5 * plane, RM)
                 tl.store(at + 6 * plane, RS)
                 tl.store(at + 7 * plane, C)
