@@ -44,7 +44,7 @@ def _child(group, interpret=True, timeout=300):
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _check(proc):
+def _passed(proc):
     """A group's process passed (printed GROUP OK), or skipped itself."""
     out = proc.stdout + proc.stderr
     if proc.returncode == 0 and "SKIP:" in proc.stdout:
@@ -1363,19 +1363,19 @@ def groups(request):
 
 @pytest.mark.parametrize("group", INTERPRETED)
 def test_interpreted(group, groups, request):
-    _check(groups.result(request))
+    _passed(groups.result(request))
 
 
 def test_direct_launch_passes_what_triton_passes(groups, request):
-    _check(groups.result(request))
+    _passed(groups.result(request))
 
 
 def test_direct_launch_picks_the_kernel_triton_picks(groups, request):
-    _check(groups.result(request))
+    _passed(groups.result(request))
 
 
 def test_compiles_for_sm90_without_spills(groups, request):
-    _check(groups.result(request))
+    _passed(groups.result(request))
 
 
 # ------------------------------------------------- on a GPU, when present
