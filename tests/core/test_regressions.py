@@ -250,6 +250,7 @@ def test_nll_only_evaluator_with_reference_logits():
     assert math.isnan(m.accuracy)
 
 
+@pytest.mark.filterwarnings("error")  # (it set a view's shape, which numpy 2.5 deprecates)
 def test_rows_of_a_view_that_cannot_be_flattened(monkeypatch):
     """row_blocks on numpy without reshape(copy=) (before 2.1) still views."""
     from lmmetrics._engine import inputs as _inputs
@@ -261,8 +262,30 @@ def test_rows_of_a_view_that_cannot_be_flattened(monkeypatch):
             raise TypeError("reshape() got an unexpected keyword argument 'copy'")
         return real(a, shape)
 
-    monkeypatch.setattr(_inputs.np, "reshape", old_reshape)
     z = np.random.default_rng(8).standard_normal((3, 4, 9)).astype(np.float32)
+    # views of every kind: numpy's own reshape(copy=False) (2.1 on) says
+    # which flatten to rows without a copy; the path before 2.1 agrees
+    big = np.random.default_rng(9).standard_normal((4, 6, 5, 9)).astype(np.float32)
+    views = [z, z.transpose(1, 0, 2), z[:, ::2], z[::2], z[:1], z[:, :1], z[:0], big[:, :1, ::2], big[1:3, 2:3],
+             big[:, 1:2, 1:2], big[..., ::2], np.broadcast_to(z[:1], (5, 4, 9)), big.transpose(0, 2, 1, 3),
+             big[None, :, 1, 1:2]]
+    want = []
+    for v in views:
+        try:
+            want.append(real(v, (-1, v.shape[-1]), copy=False))
+        except TypeError:  # numpy before 2.1 itself: the comparison is not possible
+            want = None
+            break
+        except ValueError:
+            want.append(None)
+    monkeypatch.setattr(_inputs.np, "reshape", old_reshape)
+    if want is not None:
+        for v, w in zip(views, want):
+            got = _inputs._as_rows(v)
+            assert (got is None) == (w is None), v.strides
+            if got is not None:
+                assert got.shape == w.shape and (got.size == 0 or np.shares_memory(got, v))
+                np.testing.assert_array_equal(got, w)
     blocks = list(_inputs.row_blocks(z))
     assert len(blocks) == 1 and np.shares_memory(blocks[0][0], z) and blocks[0][0].shape == (12, 9)
     blocks = list(_inputs.row_blocks(z.transpose(1, 0, 2)))  # not one block: split along axis 0

@@ -46,7 +46,10 @@ def sdist(tmp_path_factory):
     given = os.environ.get("LMMETRICS_SDIST")
     if given:
         return Path(given)
-    pytest.importorskip("build", reason="building an sdist needs the build package (pip install build)")
+    # build.__main__, not build: after `pip install .` in an unpacked sdist,
+    # setuptools' build/ folder in the current directory imports as a
+    # namespace package named build, and `python -m build` then fails
+    pytest.importorskip("build.__main__", reason="building an sdist needs the build package (pip install build)")
     out = tmp_path_factory.mktemp("sdist")
     res = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(out), str(ROOT)],
                          capture_output=True, text=True)

@@ -131,13 +131,13 @@ def _as_rows(x: Any) -> Optional[Any]:
         return np.reshape(x, (-1, x.shape[-1]), copy=False)
     except ValueError:
         return None
-    except TypeError:  # numpy < 2.1 has no copy=: assigning a view's shape never copies
-        v = x.view()
-        try:
-            v.shape = (-1, x.shape[-1])
-        except (AttributeError, ValueError):
+    except TypeError:  # numpy < 2.1 has no copy=: reshape only where the strides allow a view
+        # (not by assigning a view's shape, which numpy 2.5 deprecates): the
+        # leading axes of more than one entry, each a whole step of the one before
+        lead = [(n, s) for n, s in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
+        if x.size and any(s != n * t for (_, s), (n, t) in zip(lead, lead[1:])):
             return None
-        return v
+        return x.reshape(-1, x.shape[-1])
 
 
 def row_blocks(z: Any, r: Any = None) -> Iterator[Tuple[Any, Any]]:
