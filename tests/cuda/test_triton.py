@@ -788,13 +788,16 @@ def _sm90_compile_problem():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from lmmetrics._engine.cuda import triton as _triton
+
     @triton.jit
     def probe(x_ptr, BLOCK: tl.constexpr):
         tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK).to(tl.float32))
 
     try:
         triton.compile(ASTSource(fn=probe, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
-                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+                                 constexprs={(1,): 16}), target=GPUTarget("cuda", 90, 32),
+                       options=dict(_triton._OPTIONS)).asm["cubin"]
     except Exception as e:  # pragma: no cover - depends on the triton build
         return e
     return None
@@ -1054,7 +1057,7 @@ def group_direct_launch_probe():
         launches.clear()
         try:
             if how == "triton":
-                fn[(1,)](*args, **cons, num_warps=w)
+                fn[(1,)](*args, **cons, num_warps=w, **_triton._OPTIONS)
             else:
                 _triton._run(fn, (1,), args, cons, w)
         except Exception as e:  # (Triton refuses 2^64 - 1 as it refuses -2^63 - 1: so must the direct call)
@@ -1245,7 +1248,7 @@ def group_compile_sm90():
         attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned if k in sig}
         k = triton.compile(ASTSource(fn=fn, signature=dict(sig, **{c: "constexpr" for c in cons}),
                                      constexprs=idx, attrs=attrs),
-                           target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+                           target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, **_triton._OPTIONS})
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         try:
