@@ -59,7 +59,9 @@ class Estimate:
     uncertainty: float
 
     def __str__(self) -> str:
-        return f"{self.value:.6f} ± {self.uncertainty:.6f}"
+        """Six significant digits and two of the uncertainty, as `Metrics`
+        prints them (a mean KL of 3.2e-7 is not 0.000000)."""
+        return f"{self.value:.6g} ± {self.uncertainty:.2g}"
 
 
 @dataclass(frozen=True)

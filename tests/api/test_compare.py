@@ -130,6 +130,23 @@ def test_paired_uncertainties_of_models_that_nearly_agree(eps):
     assert c.delta_ppl.uncertainty == pytest.approx(diff_unc, rel=1e-6, abs=0)
 
 
+
+def test_an_estimate_prints_its_significant_digits():
+    """str() of an Estimate keeps six significant digits of the value and two
+    of the uncertainty, as Metrics does: a mean KL of 3.2e-7 printed as
+    "0.000000 ± 0.000000", an exact-looking 0."""
+    rng = np.random.default_rng(6)
+    r = random_logits(rng, (200, 50), np.float64)
+    z = r + rng.standard_normal(r.shape) * 1e-3
+    t = rng.integers(0, 50, 200)
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    kl = (np.exp(log_softmax(r)) * (log_softmax(r) - log_softmax(z))).sum(-1)
+    assert 1e-7 < kl.mean() < 1e-6
+    assert str(c.kld.mean) == f"{kl.mean():.6g} ± {math.sqrt(np.var(kl) / (kl.size - 1)):.2g}"
+    assert str(lmmetrics.Estimate(3.2e-7, 4.1e-8)) == "3.2e-07 ± 4.1e-08"
+    assert str(lmmetrics.Estimate(52.914287, 2.765294)) == "52.9143 ± 2.8"
+
+
 def test_compare_identical_models():
     rng = np.random.default_rng(1)
     z = random_logits(rng, (40, 300), np.float32)
