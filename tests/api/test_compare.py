@@ -485,6 +485,39 @@ def test_squares_past_float64_give_an_infinite_uncertainty():
         assert str(lmmetrics.compare(z, t, reference_logits=r)) == str(c)
 
 
+
+def test_means_whose_sum_passes_float64():
+    """float64 logits masked with finfo(float64).min on a token the
+    reference gives mass to: per-token KL (and, on masked targets, NLL) of
+    about 2e307 are finite, and so are their means, though their sum passes
+    float64's range: kl_divergence and compare's mean KL were inf (for
+    1.92e307, with an overflow warning from kl_divergence), the ln(PPL
+    ratio) inf for 2.7e307; reduction="sum" stays inf, past float64."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((20, 8))
+    z = r + 0.1 * rng.standard_normal(r.shape)
+    z[:, 2] = np.finfo(np.float64).min
+    t = rng.integers(0, 8, 20)
+    t[t == 2] = 3
+    t[:3] = 2                               # three targets the model masks
+    lr, lz = log_softmax(r), log_softmax(z)
+    kl = (np.exp(lr) * (lr - lz)).sum(-1)
+    rows = np.arange(20)
+    d = lr[rows, t] - lz[rows, t]           # nll_m - nll_r
+    assert np.isfinite(kl).all() and np.isfinite(d).all() and d.max() > 1e307
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lmmetrics.kl_divergence(z, reference_logits=r) == pytest.approx(np.mean(kl / 16) * 16, rel=1e-12)
+        assert lmmetrics.kl_divergence(z, reference_logits=r, reduction="sum") == math.inf
+        c = lmmetrics.compare(z, t, reference_logits=r)
+    assert c.kld.mean.value == pytest.approx(np.mean(kl / 16) * 16, rel=1e-12)
+    assert c.ln_ratio.value == pytest.approx(np.mean(d / 16) * 16, rel=1e-12)
+    assert c.kld.mean.uncertainty == c.ln_ratio.uncertainty == math.inf
+    assert c.ppl.value == math.inf
+
+
 @pytest.mark.parametrize("n", [100, 257, 1000, 4096, 25500])
 def test_llama_cpp_percentiles_against_its_c_code(llama_harness, n):
     """The extremes, percentiles and medians of llama_cpp() are llama.cpp's:
