@@ -10,7 +10,12 @@ s2 has the uncertainty sqrt((s2 / n - f^2) / (n - 1)) when that is positive
 and n > 10, else 0; the covariance of the two NLLs is 0 below 10 tokens
 (llama.cpp's rules: no uncertainty on so few tokens). The uncertainties
 derived from that covariance (ln(PPL ratio), ratio, PPL difference) are 0 on
-10 tokens or fewer too, and where rounding makes their variance negative.
+10 tokens or fewer too; above, they are taken from the paired per-token
+differences themselves (nll_m - nll_r, ppl nll_m - ppl_ref nll_r, two passes),
+which is llama.cpp's sqrt(s_m^2 + s_r^2 - 2 cov) without its cancellation:
+of two models whose logits agree to 1e-8, that difference of near-equal
+terms gave 15 times the spread, and a negative variance (no uncertainty)
+where the spread is small but not 0.
 
 ``Comparison.llama_cpp()`` replays llama.cpp's arithmetic on the same sums,
 step for step (its ``kl_divergence`` in tools/perplexity/perplexity.cpp), so
@@ -30,6 +35,7 @@ import numpy as np
 
 from . import _engine
 from ._engine.types import BoolArray, F64Array
+from ._spread import sample_mean, sample_stderr
 from .convert import exp
 
 KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0, 0.1)
@@ -53,7 +59,9 @@ class Estimate:
     uncertainty: float
 
     def __str__(self) -> str:
-        return f"{self.value:.6f} ± {self.uncertainty:.6f}"
+        """Six significant digits and two of the uncertainty, as `Metrics`
+        prints them (a mean KL of 3.2e-7 is not 0.000000)."""
+        return f"{self.value:.6g} ± {self.uncertainty:.2g}"
 
 
 @dataclass(frozen=True)
@@ -379,6 +387,14 @@ def _estimate(value: float, uncertainty: float) -> Estimate:
     return Estimate(value, uncertainty if math.isfinite(value) else math.inf)
 
 
+def _mean(mean: float, values: F64Array) -> float:
+    """llama.cpp's ``mean`` of finite ``values`` (their sum over n), or
+    where that sum passed float64's range (float64 logits masked with
+    finfo.min where the reference has mass: KL, NLL of 1.8e308) their
+    finite mean, not inf."""
+    return sample_mean(values) if not math.isfinite(mean) and bool(np.isfinite(values).all()) else mean
+
+
 def _spread(uncertainty: float, sums: Tuple[float, float]) -> float:
     """A mean's uncertainty from its (sum, sum of squares): inf where the sum
     of squares passed float64's range (llama.cpp's arithmetic gives 0 there)."""
@@ -420,13 +436,23 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         s_mr = float(np.sum(nll_m * nll_r))
     v = _llama_cpp_arithmetic(n, s_m, s_r, s_mr, s_k, (float(np.sum(dp)), *sums(dp2)),
                               int(np.count_nonzero(same)), kld, dp)
-    # the uncertainties where llama.cpp's arithmetic gives none (NaN, inf): 0 on 10 tokens or fewer, where
-    # rounding makes a variance negative, for the RMS Δp of identical models and the same top of 1 token;
-    # inf where a sum of squares or products is (finite values past 1.3e154, a model's finite mask of
-    # -1e300 on a token the reference gives mass to): llama.cpp's 0 or a number there, a spread unknown
+    # the uncertainties where llama.cpp's arithmetic gives none (NaN, inf): 0 on 10 tokens or fewer, for
+    # the RMS Δp of identical models and the same top of 1 token; inf where a sum of squares or products
+    # is (finite values past 1.3e154, a model's finite mask of -1e300 on a token the reference gives mass
+    # to): llama.cpp's 0 or a number there, a spread unknown. Those of the paired differences (ln ratio,
+    # PPL difference) from the differences themselves: llama.cpp's s_m^2 + s_r^2 - 2 cov is their
+    # variance, but as a difference of near-equal terms where the models agree (15 times the spread at
+    # logits 1e-8 apart), or a negative one (no uncertainty) where the spread is small
     many = n > 10
     wide_nll = not (math.isfinite(s_m[1]) and math.isfinite(s_r[1]) and math.isfinite(s_mr))
-    ln_unc = math.inf if wide_nll else v.ln_ratio_unc if many and not math.isnan(v.ln_ratio_unc) else 0.0
+    ln_unc = diff_unc = 0.0
+    if wide_nll:
+        ln_unc = diff_unc = math.inf
+    elif many:
+        ln_unc = sample_stderr(nll_m - nll_r)
+        top = max(v.ppl, v.ppl_base)  # (the differences scaled by it, so that ppl nll_m stays finite)
+        diff_unc = (top * sample_stderr(v.ppl / top * nll_m - v.ppl_base / top * nll_r)
+                    if math.isfinite(top) else math.inf)
     agreement = None
     if in_top_k is not None:
         p_in = int(np.count_nonzero(in_top_k)) / n
@@ -435,10 +461,9 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         tokens=n,
         ppl=_estimate(v.ppl, _spread(v.ppl_unc, s_m)), ppl_ref=_estimate(v.ppl_base, _spread(v.ppl_base_unc, s_r)),
         correlation=v.cor if math.isfinite(v.cor) else math.nan,
-        ln_ratio=_estimate(v.ln_ratio, ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc if v.ratio > 0 else 0.0),
-        delta_ppl=_estimate(v.diff, math.inf if wide_nll else
-                            v.diff_unc if many and not math.isnan(v.diff_unc) else 0.0),
-        kld=_distribution(kld, KLD_PERCENTILES, _estimate(v.kld, _spread(v.kld_unc, s_k))),
+        ln_ratio=_estimate(_mean(v.ln_ratio, nll_m - nll_r), ln_unc), ratio=_estimate(v.ratio, v.ratio * ln_unc if v.ratio > 0 else 0.0),
+        delta_ppl=_estimate(v.diff, diff_unc),
+        kld=_distribution(kld, KLD_PERCENTILES, _estimate(_mean(v.kld, kld), _spread(v.kld_unc, s_k))),
         delta_p=_distribution(dp, DELTA_P_PERCENTILES, Estimate(v.dp, v.dp_unc)),
         rms_delta_p=Estimate(v.rms, v.rms_unc if v.rms > 0 else 0.0),
         same_top=Estimate(v.same, v.same_unc if n > 1 else 0.0),

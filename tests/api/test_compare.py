@@ -105,6 +105,48 @@ def test_compare_output(pair):
     assert d["ppl"]["value"] == pytest.approx(c.ppl.value)
 
 
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-6, 1e-3])
+def test_paired_uncertainties_of_models_that_nearly_agree(eps):
+    """The ln(PPL ratio), ratio and PPL-difference uncertainties are the
+    spread of the paired differences, computed from them (llama.cpp's
+    s_m^2 + s_r^2 - 2 cov in exact arithmetic): of float64 logits 1e-8
+    apart, that difference of near-equal terms gave 2.63e-9 for the ln
+    ratio where the paired differences give 1.73e-10 (15 times), and 9.16e-5
+    for the PPL difference where they give 6.01e-6; at 1e-6 apart, 0.7% off."""
+    rng = np.random.default_rng(5)
+    r = random_logits(rng, (4000, 500), np.float64)
+    z = r + rng.standard_normal(r.shape) * eps
+    t = rng.integers(0, 500, 4000)
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    rows = np.arange(t.size)
+    nm, nr = -log_softmax(z)[rows, t], -log_softmax(r)[rows, t]
+    n = t.size
+    ppl, pplr = math.exp(nm.mean()), math.exp(nr.mean())
+    ln_unc = math.sqrt(np.var(nm - nr) / (n - 1))
+    assert c.ln_ratio.uncertainty == pytest.approx(ln_unc, rel=1e-6, abs=0)
+    assert c.ratio.uncertainty == pytest.approx(ppl / pplr * ln_unc, rel=1e-6, abs=0)
+    diff_unc = math.sqrt(np.var(ppl * nm - pplr * nr) / (n - 1))
+    assert c.delta_ppl.uncertainty == pytest.approx(diff_unc, rel=1e-6, abs=0)
+
+
+
+def test_an_estimate_prints_its_significant_digits():
+    """str() of an Estimate keeps six significant digits of the value and two
+    of the uncertainty, as Metrics does: a mean KL of 3.2e-7 printed as
+    "0.000000 ± 0.000000", an exact-looking 0."""
+    rng = np.random.default_rng(6)
+    r = random_logits(rng, (200, 50), np.float64)
+    z = r + rng.standard_normal(r.shape) * 1e-3
+    t = rng.integers(0, 50, 200)
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    kl = (np.exp(log_softmax(r)) * (log_softmax(r) - log_softmax(z))).sum(-1)
+    assert 1e-7 < kl.mean() < 1e-6
+    assert str(c.kld.mean) == f"{kl.mean():.6g} ± {math.sqrt(np.var(kl) / (kl.size - 1)):.2g}"
+    assert str(lmmetrics.Estimate(3.2e-7, 4.1e-8)) == "3.2e-07 ± 4.1e-08"
+    assert str(lmmetrics.Estimate(52.914287, 2.765294)) == "52.9143 ± 2.8"
+
+
 def test_compare_identical_models():
     rng = np.random.default_rng(1)
     z = random_logits(rng, (40, 300), np.float32)
@@ -441,6 +483,39 @@ def test_squares_past_float64_give_an_infinite_uncertainty():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert str(lmmetrics.compare(z, t, reference_logits=r)) == str(c)
+
+
+
+def test_means_whose_sum_passes_float64():
+    """float64 logits masked with finfo(float64).min on a token the
+    reference gives mass to: per-token KL (and, on masked targets, NLL) of
+    about 2e307 are finite, and so are their means, though their sum passes
+    float64's range: kl_divergence and compare's mean KL were inf (for
+    1.92e307, with an overflow warning from kl_divergence), the ln(PPL
+    ratio) inf for 2.7e307; reduction="sum" stays inf, past float64."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((20, 8))
+    z = r + 0.1 * rng.standard_normal(r.shape)
+    z[:, 2] = np.finfo(np.float64).min
+    t = rng.integers(0, 8, 20)
+    t[t == 2] = 3
+    t[:3] = 2                               # three targets the model masks
+    lr, lz = log_softmax(r), log_softmax(z)
+    kl = (np.exp(lr) * (lr - lz)).sum(-1)
+    rows = np.arange(20)
+    d = lr[rows, t] - lz[rows, t]           # nll_m - nll_r
+    assert np.isfinite(kl).all() and np.isfinite(d).all() and d.max() > 1e307
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lmmetrics.kl_divergence(z, reference_logits=r) == pytest.approx(np.mean(kl / 16) * 16, rel=1e-12)
+        assert lmmetrics.kl_divergence(z, reference_logits=r, reduction="sum") == math.inf
+        c = lmmetrics.compare(z, t, reference_logits=r)
+    assert c.kld.mean.value == pytest.approx(np.mean(kl / 16) * 16, rel=1e-12)
+    assert c.ln_ratio.value == pytest.approx(np.mean(d / 16) * 16, rel=1e-12)
+    assert c.kld.mean.uncertainty == c.ln_ratio.uncertainty == math.inf
+    assert c.ppl.value == math.inf
 
 
 @pytest.mark.parametrize("n", [100, 257, 1000, 4096, 25500])
