@@ -68,7 +68,10 @@ def _rows(batches, ignore_index, shift, token_bytes):
                 p = np.exp(lz)
                 row = dict(nll=-lz[y], ent=-np.sum(np.where(p > 0, p * lz, 0.0)),
                            correct=float(np.argmax(z[i]) == y),
-                           rank=int(np.sum(z[i] > z[i, y]) + np.sum(z[i, :y] == z[i, y])), conf=p.max(),
+                           rank=int(np.sum(z[i] > z[i, y]) + np.sum(z[i, :y] == z[i, y])),
+                           # (the top probability as 1 / sum e^(z - max): exactly 1/k for k tied
+                           # tokens, which exp(-log k) gives a few ulps low, the bin below an edge)
+                           conf=1.0 / np.sum(np.exp(z[i] - z[i].max())),
                            doc=None if d is None else int(d[i]), b=0.0 if token_bytes is None else token_bytes[y])
                 if r is not None:
                     lr = _log_softmax(r[i])
