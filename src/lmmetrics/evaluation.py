@@ -769,8 +769,10 @@ class Evaluator:
             values.update(self._document_values(self._docs, values, se, has_bytes, full))
         if self._ranks is not None:
             values.update(self._ranks.values(n, se))
-        if self._cal is not None:
-            values.update(ece=self._cal.ece, calibration=self._cal)
+        if self._cal is not None:  # (the bins' arrays copied: changing the result's leaves the sums as they are)
+            cal = self._cal
+            values.update(ece=cal.ece, calibration=Calibration(cal.edges.copy(), cal.counts.copy(),
+                                                               cal.conf_sum.copy(), cal.correct.copy()))
         return Metrics(stderr=se, **values)
 
     def _document_values(self, docs: DocumentSums, micro: Mapping[str, Any], se: Dict[str, float],
