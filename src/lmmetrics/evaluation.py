@@ -445,11 +445,16 @@ class Evaluator:
     def _no_calibration(self) -> Optional[Calibration]:
         return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
 
+    #: the vocabulary size (the logits' last axis) of the batches added, None before one (and after
+    #: `reset` or `load_state_dict`): a batch, or a merged Evaluator's batches, of another is an error
+    _vocab: Optional[int] = None
+
     def reset(self) -> None:
         """Forget everything seen, a batch not yet added and the errors not
         yet raised included (the settings stay).
         """
         self._clear_sums()
+        self._vocab = None
         self._pending = None
         self._errors = []
         self._updates = 0
@@ -543,7 +548,9 @@ class Evaluator:
             A counted target >= V, targets whose shape does not match the logits',
             NaN in the logits of a counted position, a counted row that is all
             -inf, ``document_ids`` of a shape other than those above (or given
-            for some batches only), or an option out of range.
+            for some batches only), logits of another vocabulary size (last
+            axis) than the batches before (since the Evaluator was made,
+            reset or loaded), or an option out of range.
         TypeError
             Integer logits, float targets or float ``document_ids``.
         """
@@ -559,6 +566,7 @@ class Evaluator:
         self._updates += 1  # (every call, one that raises at once too: an error kept names the user's count)
         docs = self._document_rows(document_ids, targets)
         res = self._pass(logits, targets, reference_logits, defer, **more)
+        _check_same_vocab(self._vocab, res.n_cols, "this batch's logits have")
         rows = math.prod(res.lead_shape)
         if docs is not None and docs.size != rows:
             raise ValueError(f"document_ids give {docs.size} positions, the logits {rows}")
@@ -598,6 +606,7 @@ class Evaluator:
         ranks = None if own_ranks is None else own_ranks.plus(res)
         cal = None if own_cal is None else own_cal.add(calibration_of(res, own_cal.bins))
         self._state, self._docs, self._ranks, self._cal, self._own = st, doc_sums, ranks, cal, None
+        self._vocab = res.n_cols
 
     def _sequence_states(self, logits: Any, targets: Any) -> List[Dict[str, Any]]:
         """The `state_dict` of each sequence (first axis) of one batch, as
@@ -769,8 +778,10 @@ class Evaluator:
             values.update(self._document_values(self._docs, values, se, has_bytes, full))
         if self._ranks is not None:
             values.update(self._ranks.values(n, se))
-        if self._cal is not None:
-            values.update(ece=self._cal.ece, calibration=self._cal)
+        if self._cal is not None:  # (the bins' arrays copied: changing the result's leaves the sums as they are)
+            cal = self._cal
+            values.update(ece=cal.ece, calibration=Calibration(cal.edges.copy(), cal.counts.copy(),
+                                                               cal.conf_sum.copy(), cal.correct.copy()))
         return Metrics(stderr=se, **values)
 
     def _document_values(self, docs: DocumentSums, micro: Mapping[str, Any], se: Dict[str, float],
@@ -865,15 +876,17 @@ class Evaluator:
         ValueError
             When ``other`` is this Evaluator itself, or has other settings:
             another ``ignore_index``, ``softcap``, ``nll_only``, ``top_k``,
-            ``calibration_bins`` or ``token_bytes`` table, or batches
+            ``calibration_bins`` or ``token_bytes`` table, batches
             without ``document_ids`` where this one's have them (or the
-            reverse).
+            reverse), or batches of another vocabulary size.
         TypeError
             When ``other`` is not an Evaluator.
         """
         self._check_compatible(other)
         self._settle()
         other._settle()
+        if other._vocab is not None:  # (once both have their batches on a device added)
+            _check_same_vocab(self._vocab, other._vocab, "the other Evaluator's batches had", "merge")
         own, own_docs, own_ranks, own_cal = self._own_sums()
         docs = _merged_documents((own, own_docs), (other._state, other._docs))
         mine, theirs = asdict(own), asdict(other._state)
@@ -881,6 +894,7 @@ class Evaluator:
         cal = own_cal if own_cal is None or other._cal is None else own_cal.add(other._cal)
         self._state = _sums({k: v + theirs[k] for k, v in mine.items()})
         self._docs, self._ranks, self._cal, self._own = docs, ranks, cal, None
+        self._vocab = self._vocab if self._vocab is not None else other._vocab
         return self
 
     def state_dict(self) -> Dict[str, Any]:
@@ -983,6 +997,7 @@ class Evaluator:
         self._state = st
         self._docs, self._ranks, self._cal, self._own = docs, ranks, cal, None
         self._pending, self._errors = None, []  # (replaced with the rest: a batch on a device not yet added)
+        self._vocab = None  # (a state does not say its vocabulary)
 
     def _state_problem(self, st: _Sums, docs: Optional[DocumentSums], ranks: Optional[_RankSums],
                        cal: Optional[Calibration]) -> Optional[str]:
@@ -1290,6 +1305,17 @@ def _calibration_from(empty: Calibration, counts: Any, conf_sum: Any, correct: A
     if not (np.isfinite(c) & (c == np.rint(c)) & np.isfinite(k) & (k == np.rint(k))).all():
         raise ValueError("Evaluator state: calibration's counts and correct must be whole numbers")
     return Calibration(empty.edges, np.rint(c).astype(np.int64), s, np.rint(k).astype(np.int64))
+
+
+def _check_same_vocab(seen: Optional[int], n_cols: int, what: str, how: str = "update") -> None:
+    """A ValueError when an Evaluator whose batches had ``seen`` columns
+    (None: no batch yet) is given ``n_cols``: one Evaluator sums one
+    vocabulary's tokens."""
+    if seen is not None and n_cols != seen:
+        raise ValueError(f"Evaluator.{how}: {what} {n_cols} columns (the vocabulary), this Evaluator's batches "
+                         f"had {seen}: one Evaluator scores one vocabulary. Give every batch the same vocabulary "
+                         f"axis (slice or pad the logits to the model's size), or use one Evaluator per "
+                         f"vocabulary (reset() starts over)")
 
 
 def _merged_documents(a: Tuple[_Sums, Optional[DocumentSums]],

@@ -191,7 +191,8 @@ class _EvaluatorMetric(Metric):
         ``metric_state``), once every batch is in both; ValueError for a
         metric of another class or settings (its sums mean another thing).
         A dict without ``settings`` (saved before it existed) is taken as
-        this metric's."""
+        this metric's. The next ``compute`` gives the merged value (torchmetrics
+        keeps the value computed before the merge)."""
         self._fold()
         if isinstance(incoming_state, _EvaluatorMetric):
             incoming_state._fold()
@@ -208,6 +209,7 @@ class _EvaluatorMetric(Metric):
                              f"{type(self).__name__} (ignore_index, token_bytes, shift, softcap): its sums mean "
                              f"another thing")
         super().merge_state(incoming_state)
+        self._computed = None  # (torchmetrics' cached compute: the value before the merge)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The module's state dict, once every batch is in the states."""
@@ -262,7 +264,9 @@ class _EvaluatorMetric(Metric):
         settings (their ``settings``), as `merge_state` and
         `lmmetrics.Evaluator.load_state_dict` refuse them: a
         `Perplexity`'s sums hold no entropy nor accuracy, which a
-        `LanguageModelMetrics` would report as 0."""
+        `LanguageModelMetrics` would report as 0. The next ``compute`` gives
+        the loaded states' value (torchmetrics keeps the one computed
+        before)."""
         made = state_dict.get(prefix + "settings")
         if made is not None and float(made) != float(cast(torch.Tensor, self._defaults["settings"])):
             raise ValueError(f"load_state_dict: the states under {prefix + 'settings'!r} are those of a metric of "
@@ -271,6 +275,7 @@ class _EvaluatorMetric(Metric):
                              f"metric made as the one that saved them")
         if any(prefix + k in state_dict for k in self._defaults):
             self._evaluator.reset()
+            self._computed = None  # (torchmetrics' cached compute: the value of the states replaced)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _synced(self) -> Evaluator:

@@ -218,6 +218,39 @@ def test_evaluator_merge_into_itself_is_refused():
     assert ev.compute().tokens == 2 * int(np.count_nonzero(t >= 0))
 
 
+def test_evaluator_batches_of_another_vocabulary_are_refused():
+    """One Evaluator scores one vocabulary: a batch (or a merged Evaluator's
+    batches) with logits of another width was summed with the others (a
+    mean over two vocabularies' tokens) unless token_bytes fixed the width;
+    now an error naming both sizes, nothing added. reset() and
+    load_state_dict() start over."""
+    z, _, t, _ = _data(23, shape=(30,), V=40)
+    wider = np.concatenate([z, np.zeros((30, 8), z.dtype)], axis=1)
+    ev = lmmetrics.Evaluator(top_k=2)
+    ev.update(z[:10], t[:10])
+    before = ev.state_dict()
+    for logits in (wider[10:], wider[10:10], z[10:, :30]):
+        with pytest.raises(ValueError, match=r"Evaluator.update: this batch's logits have \d+ columns .*"
+                                             r"batches had 40: one Evaluator scores one vocabulary"):
+            ev.update(logits, np.minimum(t[10:10 + len(logits)], 29))
+        assert ev.state_dict() == before
+    other = lmmetrics.Evaluator(top_k=2)
+    other.update(wider[10:], t[10:])
+    with pytest.raises(ValueError, match="Evaluator.merge: the other Evaluator's batches had 48 columns"):
+        ev.merge(other)
+    assert ev.state_dict() == before
+    ev.merge(lmmetrics.Evaluator(top_k=2))  # (no batch: no vocabulary to compare)
+    fresh = lmmetrics.Evaluator(top_k=2)
+    fresh.merge(other)
+    with pytest.raises(ValueError, match="batches had 48"):  # (taken from the merged Evaluator)
+        fresh.update(z[:5], t[:5])
+    ev.reset()
+    ev.update(wider[10:], t[10:])
+    ev.load_state_dict(before)
+    ev.update(z[10:], t[10:])
+    assert ev.compute().tokens == lmmetrics.evaluate(z, t).tokens
+
+
 def test_evaluator_kl_only_over_updates_with_reference():
     z, r, t, _ = _data(21, shape=(30,), ignore=False)
     ev = lmmetrics.Evaluator()

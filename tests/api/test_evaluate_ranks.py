@@ -53,6 +53,24 @@ def test_top_k_mrr_and_ece_against_numpy():
     json.dumps(d)
 
 
+def test_changing_the_result_bins_leaves_the_evaluator_sums():
+    """compute()'s calibration is the result's own: normalizing its arrays in
+    place (a reliability diagram) left the Evaluator's bins changed, and
+    every later ece with them."""
+    z, t = _data(2)
+    ece = _numpy(z, t, (1,), 9)[2]
+    ev = lmmetrics.Evaluator(calibration_bins=9)
+    ev.update(z[:300], t[:300])
+    cal = ev.compute().calibration
+    cal.counts[:] = 0
+    cal.conf_sum[:] /= 2
+    cal.correct[:] = 0
+    ev.update(z[300:], t[300:])
+    m = ev.compute()
+    assert m.ece == pytest.approx(ece, abs=2e-6)
+    assert m.calibration.counts.sum() == m.tokens
+
+
 def test_nothing_computed_unless_asked():
     z, t = _data(1)
     ev = lmmetrics.Evaluator()

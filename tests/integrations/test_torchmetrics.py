@@ -376,6 +376,37 @@ def test_merge_state_of_alike_metrics_only():
             Perplexity().merge_state(other)
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric:UserWarning")  # (torchmetrics: loaded, not updated)
+@pytest.mark.parametrize("how", ["merge_state metric", "merge_state dict", "load_state_dict"])
+def test_compute_after_merge_or_load_gives_the_new_states_value(how):
+    """compute() after merge_state or load_state_dict reports the states as
+    they are then, not the value computed before (torchmetrics caches
+    compute's value until the next update, and neither clears it: the
+    perplexity of the batches before the merge came back)."""
+    (z1, t1), (z2, t2) = batches(n=2, seed=8)
+    both = TMPerplexity(ignore_index=-100)
+    both.update(z1, t1)
+    both.update(z2, t2)
+    want_both, want_second = float(both.compute()), float(TMPerplexity(ignore_index=-100)(z2, t2))
+    for cls in (Perplexity, LanguageModelMetrics):
+        a, b = cls(ignore_index=-100), cls(ignore_index=-100)
+        a.update(z1, t1)
+        b.update(z2, t2)
+        before = a.compute()  # (cached by torchmetrics)
+        if how == "load_state_dict":
+            b.persistent(True)
+            a.load_state_dict(b.state_dict())
+            want = want_second
+        else:
+            a.merge_state(b if how == "merge_state metric" else b.metric_state)
+            want = want_both
+        got = a.compute()
+        got, before = (got["perplexity"], before["perplexity"]) if cls is LanguageModelMetrics else (got, before)
+        assert float(got) == pytest.approx(want, rel=1e-5), (cls.__name__, float(got), float(before))
+        if cls is LanguageModelMetrics:
+            assert float(a["perplexity"].compute()) == pytest.approx(want, rel=1e-5)
+
+
 @pytest.mark.parametrize("full_state_update", [False, True])
 def test_a_failed_forward_leaves_the_batches_before_it(full_state_update):
     """forward of a batch with NaN logits raises naming the row, and the
