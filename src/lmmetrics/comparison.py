@@ -453,6 +453,9 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         top = max(v.ppl, v.ppl_base)  # (the differences scaled by it, so that ppl nll_m stays finite)
         diff_unc = (top * sample_stderr(v.ppl / top * nll_m - v.ppl_base / top * nll_r)
                     if math.isfinite(top) else math.inf)
+    ln_ratio = _mean(v.ln_ratio, nll_m - nll_r)
+    # (both perplexities inf, their means past 709 nats: llama.cpp's inf / inf is NaN, the ratio e^ln_ratio)
+    ratio = exp(ln_ratio) if math.isnan(v.ratio) and math.isfinite(ln_ratio) else v.ratio
     agreement = None
     if in_top_k is not None:
         p_in = int(np.count_nonzero(in_top_k)) / n
@@ -461,8 +464,8 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         tokens=n,
         ppl=_estimate(v.ppl, _spread(v.ppl_unc, s_m)), ppl_ref=_estimate(v.ppl_base, _spread(v.ppl_base_unc, s_r)),
         correlation=v.cor if math.isfinite(v.cor) else math.nan,
-        ln_ratio=_estimate(_mean(v.ln_ratio, nll_m - nll_r), ln_unc),
-        ratio=_estimate(v.ratio, v.ratio * ln_unc if v.ratio > 0 else 0.0),
+        ln_ratio=_estimate(ln_ratio, ln_unc),
+        ratio=_estimate(ratio, ratio * ln_unc if ratio > 0 else 0.0),
         delta_ppl=_estimate(v.diff, diff_unc),
         kld=_distribution(kld, KLD_PERCENTILES, _estimate(_mean(v.kld, kld), _spread(v.kld_unc, s_k))),
         delta_p=_distribution(dp, DELTA_P_PERCENTILES, Estimate(v.dp, v.dp_unc)),

@@ -540,3 +540,25 @@ def test_llama_cpp_percentiles_against_its_c_code(llama_harness, n):
                                               want)]
         assert c.kld.percentiles[99.9] == float(np.quantile(kld, 99.9 / 100))
     assert all(got == w for got, w in lines), [(got, w) for got, w in lines if got != w]
+
+
+def test_ratio_of_two_infinite_perplexities():
+    """Both models mask the same targets with finfo(float64).min (their
+    NLLs there about 1.8e308, both perplexities inf) and agree elsewhere but
+    for noise: the PPL ratio is e^ln_ratio, the finite mean of the paired
+    differences (llama.cpp's ppl / ppl_base was inf / inf, NaN), its
+    uncertainty inf as the ln ratio's (their squares pass float64)."""
+    rng = np.random.default_rng(3)
+    r = rng.standard_normal((20, 8))
+    z = r + 1e-3 * rng.standard_normal(r.shape)
+    z[:, 2] = r[:, 2] = np.finfo(np.float64).min / 2
+    t = rng.integers(0, 8, 20)
+    t[:4] = 2
+    rows = np.arange(20)
+    d = log_softmax(r)[rows, t] - log_softmax(z)[rows, t]   # nll_m - nll_r: finite and small
+    assert np.isfinite(d).all() and abs(d).max() < 1e-2
+    c = lmmetrics.compare(z, t, reference_logits=r)
+    assert c.ppl.value == c.ppl_ref.value == math.inf
+    assert c.ln_ratio.value == pytest.approx(d.mean(), rel=1e-6, abs=1e-12)
+    assert c.ratio.value == pytest.approx(math.exp(d.mean()), rel=1e-9)
+    assert c.ratio.uncertainty == c.ln_ratio.uncertainty == math.inf
