@@ -424,7 +424,8 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
     """
     n = int(nll_m.size)
     if n == 0:
-        raise ValueError("no counted token to compare (every target is ignored)")
+        raise ValueError("no counted token to compare (every target is ignored, or no position is left: "
+                         "shift=True scores no sequence's last position)")
 
     def sums(x: F64Array) -> Tuple[float, float]:
         return float(np.sum(x)), float(np.sum(x * x))

@@ -562,3 +562,12 @@ def test_ratio_of_two_infinite_perplexities():
     assert c.ln_ratio.value == pytest.approx(d.mean(), rel=1e-6, abs=1e-12)
     assert c.ratio.value == pytest.approx(math.exp(d.mean()), rel=1e-9)
     assert c.ratio.uncertainty == c.ln_ratio.uncertainty == math.inf
+
+
+def test_sequences_of_one_position_under_shift_say_so():
+    """shift=True on sequences of one position leaves nothing to score: the
+    error names the shift, not only ignored targets."""
+    z = np.zeros((3, 1, 5), np.float32)
+    t = np.zeros((3, 1), np.int64)
+    with pytest.raises(ValueError, match=r"no counted token to compare .*shift=True scores no sequence's last"):
+        lmmetrics.compare(z, t, reference_logits=z, shift=True)
