@@ -1283,7 +1283,9 @@ def group_compile_sm90():
     # ~47 in 32 (a KL pair: ~50); registers bound the warps a multiprocessor holds
     variants = (("nll", {}, 11, 40), ("evaluate", dict(WANT_ENT=True, WANT_AMAX=True), 15, 48),
                 ("evaluate+rank", dict(WANT_ENT=True, WANT_AMAX=True, WANT_RANK=True), 20, 96),
-                ("kl", dict(HAS_REF=True, WANT_ENT=True, WANT_AMAX=True), 32, 160),
+                # (float32's KL: 30.8 with triton 3.9, 32.25 with 3.8, since its update takes the model's
+                # shift move unclamped; a float32 pair's budget is ~50)
+                ("kl", dict(HAS_REF=True, WANT_ENT=True, WANT_AMAX=True), 33, 160),
                 ("kl+capped+rank", dict(HAS_REF=True, WANT_ENT=True, WANT_AMAX=True, WANT_RANK=True,
                                         CAPPED=True), None, 255))
     for dt, name in (("*fp32", "float32"), ("*bf16", "bfloat16"), ("*fp16", "float16")):
