@@ -49,6 +49,13 @@ def sample_mean(values: F64Array) -> float:
     return math.ldexp(float(np.mean(unit)), e)
 
 
+def finite_mean(mean: float, values: F64Array) -> float:
+    """``mean`` (computed from the sum of ``values``), or where it is not
+    finite while every value is (their sum passed float64's range: float64
+    logits masked with finfo.min), their `sample_mean`."""
+    return sample_mean(values) if not math.isfinite(mean) and bool(np.isfinite(values).all()) else mean
+
+
 def sample_stderr(values: F64Array) -> float:
     """The standard error of the mean of ``values`` held whole (a value a
     document): the sample standard deviation (n - 1) over sqrt(n), as

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _engine
 from ._engine.types import BoolArray, F64Array
-from ._spread import sample_mean, sample_stderr
+from ._spread import finite_mean, sample_stderr
 from .convert import exp
 
 KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0, 0.1)
@@ -387,14 +387,6 @@ def _estimate(value: float, uncertainty: float) -> Estimate:
     return Estimate(value, uncertainty if math.isfinite(value) else math.inf)
 
 
-def _mean(mean: float, values: F64Array) -> float:
-    """llama.cpp's ``mean`` of finite ``values`` (their sum over n), or
-    where that sum passed float64's range (float64 logits masked with
-    finfo.min where the reference has mass: KL, NLL of 1.8e308) their
-    finite mean, not inf."""
-    return sample_mean(values) if not math.isfinite(mean) and bool(np.isfinite(values).all()) else mean
-
-
 def _spread(uncertainty: float, sums: Tuple[float, float]) -> float:
     """A mean's uncertainty from its (sum, sum of squares): inf where the sum
     of squares passed float64's range (llama.cpp's arithmetic gives 0 there)."""
@@ -454,7 +446,8 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         top = max(v.ppl, v.ppl_base)  # (the differences scaled by it, so that ppl nll_m stays finite)
         diff_unc = (top * sample_stderr(v.ppl / top * nll_m - v.ppl_base / top * nll_r)
                     if math.isfinite(top) else math.inf)
-    ln_ratio = _mean(v.ln_ratio, nll_m - nll_r)
+    # (llama.cpp's means, or where their sums passed float64's range, the values' finite means)
+    ln_ratio = finite_mean(v.ln_ratio, nll_m - nll_r)
     # (both perplexities inf, their means past 709 nats: llama.cpp's inf / inf is NaN, the ratio e^ln_ratio)
     ratio = exp(ln_ratio) if math.isnan(v.ratio) and math.isfinite(ln_ratio) else v.ratio
     agreement = None
@@ -468,7 +461,7 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         ln_ratio=_estimate(ln_ratio, ln_unc),
         ratio=_estimate(ratio, ratio * ln_unc if ratio > 0 else 0.0),
         delta_ppl=_estimate(v.diff, diff_unc),
-        kld=_distribution(kld, KLD_PERCENTILES, _estimate(_mean(v.kld, kld), _spread(v.kld_unc, s_k))),
+        kld=_distribution(kld, KLD_PERCENTILES, _estimate(finite_mean(v.kld, kld), _spread(v.kld_unc, s_k))),
         delta_p=_distribution(dp, DELTA_P_PERCENTILES, Estimate(v.dp, v.dp_unc)),
         rms_delta_p=Estimate(v.rms, v.rms_unc if v.rms > 0 else 0.0),
         same_top=Estimate(v.same, v.same_unc if n > 1 else 0.0),

@@ -18,7 +18,6 @@ detached, and no gradient flows to the results.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
@@ -27,7 +26,7 @@ import numpy.typing as npt
 from . import _engine
 from ._engine.inputs import as_table
 from ._engine.types import BoolArray, F64Array, FloatArray, I64Array, NllOptions, NumpyLogits, RowOptions
-from ._spread import sample_mean
+from ._spread import finite_mean
 from .convert import LN2, bits_per_unit, exp
 
 if TYPE_CHECKING:
@@ -978,6 +977,5 @@ def kl_divergence(logits: Any, *, reference_logits: Any, reduction: str = "mean"
         total = float(np.sum(kl))
     if reduction == "sum":
         return total
-    # finite values whose sum passes float64's range (float64 logits masked with finfo.min where the
-    # reference has mass) have a finite mean: it was inf
-    return sample_mean(kl) if math.isinf(total) and bool(np.isfinite(kl).all()) else _mean(total, kl.size)
+    # (finite values whose sum passes float64's range have a finite mean: it was inf)
+    return finite_mean(_mean(total, kl.size), kl)

@@ -301,10 +301,11 @@ def _load_shard(paths: Tuple[str, ...], vocab: Optional[int], args: argparse.Nam
     ref = None
     if len(paths) > 2:
         rpath = paths[2]
-        if args.reference_key is None and os.path.samefile(lpath, rpath) and len(array_names(rpath)) > 1:
+        names = array_names(rpath) if args.reference_key is None and os.path.samefile(lpath, rpath) else []
+        if len(names) > 1:
             # (the reference's default rules are the logits': the same array, compared with itself)
             raise InputError(f"--reference {rpath} is the logits' file, which holds several arrays "
-                             f"{array_names(rpath)}: name the reference's with --reference-key (without it the "
+                             f"{names}: name the reference's with --reference-key (without it the "
                              f"reference would be the logits' own array {name!r}, compared with itself)")
         # (without --reference-key, the array --key names where the reference file holds one: the
         # reference file's "logits" beside it would be another array, compared unseen)
