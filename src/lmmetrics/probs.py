@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._engine.device import is_torch
-from ._engine.inputs import check_unmasked
+from ._engine.inputs import check_unmasked, torch_values
 from ._engine.types import F64Array
 
 __all__ = ["entropy", "cross_entropy", "kl_divergence", "perplexity"]
@@ -39,7 +39,7 @@ def _dist(p: npt.ArrayLike, name: str, atol: Optional[float]) -> F64Array:
             raise ValueError(f"atol must be a finite number >= 0 or None, got {atol!r}")
     info: Any = None  # (the input's float type: its eps and smallest normal; None: exact)
     if is_torch(p):  # (any real dtype, bfloat16 included, on any device)
-        t = cast(Any, p).detach()
+        t = torch_values(cast(Any, p), name)  # (a negative view's memory holds its values negated)
         if t.is_complex():
             raise TypeError(f"{name} must hold real probabilities, got dtype {t.dtype}")
         if t.is_floating_point():

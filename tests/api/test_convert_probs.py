@@ -203,6 +203,28 @@ def test_sixteen_bit_probabilities_are_read_as_they_are():
         np.testing.assert_allclose(probs.entropy(t.to(dtype), base=math.e), entr(p64).sum(axis=1), rtol=1e-13)
 
 
+def test_a_negative_view_tensor_is_read_as_its_values():
+    """A float64 tensor with the negative bit (the imaginary part of a
+    conjugated complex tensor: its memory holds the values negated) is read
+    as the values it stands for (it was torch's RuntimeError "Can't call
+    numpy() on Tensor that has negative bit set"); a tensor with no dense
+    values is named."""
+    special = pytest.importorskip("scipy.special")
+    torch = pytest.importorskip("torch")
+    p = torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.5], [0.125, 0.875]], dtype=torch.float64)
+    neg = torch.complex(torch.zeros_like(q), -q).conj().imag
+    assert neg.is_neg() and torch.equal(neg, q)
+    np.testing.assert_allclose(probs.entropy(neg, base=math.e), special.entr(q.numpy()).sum(axis=1), rtol=1e-15)
+    np.testing.assert_allclose(probs.kl_divergence(p, neg, base=math.e),
+                               special.rel_entr(p.numpy(), q.numpy()).sum(axis=1), rtol=1e-15)
+    np.testing.assert_allclose(probs.cross_entropy(neg, p), probs.cross_entropy(q, p), rtol=0)
+    with pytest.raises(ValueError, match="p is on the meta device"):
+        probs.entropy(p.to("meta"))
+    with pytest.raises(TypeError, match="q must be a dense"):
+        probs.kl_divergence(p, q.to_sparse())
+
+
 def test_log_probabilities_are_refused_with_a_hint():
     """Log-probabilities (negative) are an error that says what to pass."""
     with pytest.raises(ValueError, match=r"negative entries \(log-probabilities\? pass their exp\)"):
