@@ -79,6 +79,20 @@ def test_bad_torch_inputs():
         lmmetrics.token_nll(z, torch.tensor([0, 1]))
 
 
+def test_integer_inputs_of_a_dtype_numpy_lacks_are_named():
+    """Targets, token_bytes and document_ids given as a bfloat16 or float8
+    tensor are the TypeError of any float dtype (they were torch's "Got
+    unsupported ScalarType BFloat16" from .numpy())."""
+    z, y = torch.zeros(2, 5), torch.tensor([1, 2])
+    for dtype in (torch.bfloat16, torch.float8_e5m2):
+        with pytest.raises(TypeError, match=f"targets must hold integers, got dtype {str(dtype)[6:]}"):
+            lmmetrics.token_nll(z, y.to(dtype))
+        with pytest.raises(TypeError, match="token_bytes must hold integers"):
+            lmmetrics.bits_per_byte(z, y, torch.ones(5, dtype=dtype))
+        with pytest.raises(TypeError, match="document_ids must hold integers"):
+            lmmetrics.evaluate(z, y, document_ids=y.to(dtype))
+
+
 def test_a_negative_view_is_read_as_its_values(isa):
     """A negative view (``is_neg()``: its memory holds the values negated,
     as the imaginary part of a conjugated complex tensor does) gives the

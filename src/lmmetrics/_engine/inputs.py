@@ -351,8 +351,8 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 def as_index_array(x: Any, name: str) -> npt.NDArray[np.integer[Any]]:
     """An integer array (numpy or torch CPU/CUDA) as numpy, or TypeError."""
-    if is_torch(x):
-        x = torch_values(x, name).cpu().numpy()
+    if is_torch(x):  # (the dtype checked first: numpy has no bfloat16 to name it)
+        x = index_array_or_tensor(x, name).cpu().numpy()
     check_unmasked(x, name, "-100" if name == "targets" else None)
     a = np.asarray(x)
     if a.dtype.kind not in "iu":
