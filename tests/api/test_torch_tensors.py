@@ -2,6 +2,7 @@
 import math
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -127,6 +128,16 @@ def test_tensors_without_dense_values_are_named():
         lmmetrics.token_nll(torch.zeros(2, 3).to_sparse(), y)
     with pytest.raises(TypeError, match="reference_logits must be a dense.*sparse_coo"):
         lmmetrics.token_kl(torch.zeros(2, 3), reference_logits=torch.zeros(2, 3).to_sparse())
+    # a fake tensor (address 0) was the core's "internal error 5"
+    fake_tensor = pytest.importorskip("torch._subclasses.fake_tensor")
+    with fake_tensor.FakeTensorMode():
+        fake = torch.zeros(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (torch warns that a fake tensor's data_ptr is deprecated)
+        with pytest.raises(ValueError, match="logits holds no values in memory"):
+            lmmetrics.token_entropy(fake)
+        with pytest.raises(ValueError, match="reference_logits holds no values in memory"):
+            lmmetrics.token_kl(torch.zeros(2, 3), reference_logits=fake)
 
 
 def test_torch_is_not_imported_for_numpy_input():

@@ -314,6 +314,9 @@ def _torch_logits(x: torch.Tensor, name: str) -> Logits:
         x = x.contiguous()
     if x.data_ptr() % x.element_size():  # (torch.frombuffer at an odd offset: the core reads whole elements)
         x = x.clone()
+    if not x.data_ptr() and x.numel():  # (a fake tensor: address 0, which the core refused as an internal error)
+        raise ValueError(f"{name} holds no values in memory (its address is 0, as a fake tensor's): pass a "
+                         f"tensor with values")
     return _describe(x, x.data_ptr(), dtype, tuple(x.shape), tuple(x.stride()[:-1]), True, name)
 
 
