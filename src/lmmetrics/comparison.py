@@ -446,8 +446,10 @@ def comparison_from_tokens(nll_m: F64Array, nll_r: F64Array, kld: F64Array,
         top = max(v.ppl, v.ppl_base)  # (the differences scaled by it, so that ppl nll_m stays finite)
         diff_unc = (top * sample_stderr(v.ppl / top * nll_m - v.ppl_base / top * nll_r)
                     if math.isfinite(top) else math.inf)
-    # (llama.cpp's means, or where their sums passed float64's range, the values' finite means)
-    ln_ratio = finite_mean(v.ln_ratio, nll_m - nll_r)
+    # (llama.cpp's means, or where their sums passed float64's range, the values' finite means; a token
+    # both models rule out is inf - inf, NaN, as llama.cpp's mean)
+    with np.errstate(invalid="ignore"):
+        ln_ratio = finite_mean(v.ln_ratio, nll_m - nll_r)
     # (both perplexities inf, their means past 709 nats: llama.cpp's inf / inf is NaN, the ratio e^ln_ratio)
     ratio = exp(ln_ratio) if math.isnan(v.ratio) and math.isfinite(ln_ratio) else v.ratio
     agreement = None

@@ -433,6 +433,12 @@ def test_a_token_the_model_rules_out():
     for e in (c.ppl, c.ln_ratio, c.ratio, c.delta_ppl, c.kld.mean):
         assert e.value == e.uncertainty == math.inf
     assert math.isnan(c.correlation) and np.isfinite(c.ppl_ref.value)
+    r[11, 3] = -np.inf                      # the reference rules it out too: both NLLs inf, their ratio inf / inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = lmmetrics.compare(z, t, reference_logits=r)
+    assert c.ppl.value == c.ppl_ref.value == math.inf
+    assert math.isnan(c.ln_ratio.value) and math.isnan(c.ratio.value)   # (llama.cpp's inf - inf)
 
 
 def test_percentiles_are_numpys_to_the_bit():

@@ -352,6 +352,30 @@ def test_a_vocabulary_block_all_minus_inf_holds_no_mass(monkeypatch, route):
     np.testing.assert_array_equal(got.ref_argmax, np.argmax(np.asarray(r), -1).reshape(-1))
 
 
+def test_plus_inf_in_a_vocabulary_block_gives_the_limits_without_a_warning():
+    """A +inf logit in one vocabulary block, of the model and of a lazy
+    reference: the row holds all the mass there (NLL 0 at that target, ln 2
+    for two, inf elsewhere) and no RuntimeWarning is raised on the way, so
+    that a run with warnings as errors does not fail on a valid input."""
+    import warnings
+
+    rng = np.random.default_rng(13)
+    h = rng.standard_normal((4, 6)).astype(np.float32)
+    w = (rng.standard_normal((2000, 6)) * 0.3).astype(np.float32)
+    b = np.zeros(2000, np.float32)
+    b[1500] = np.inf
+    lazy = lmmetrics.projected(h, w, b, chunk_bytes=8 * 600 * 4)
+    t = np.array([1500, 3, 1500, 700])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = lmmetrics._engine.run(lazy, t, lazy, nll=True, entropy=True, kl=True, ref_nll=True)
+        m = lmmetrics.evaluate(lazy, t, reference_logits=lazy)
+    np.testing.assert_array_equal(got.nll, [0.0, np.inf, 0.0, np.inf])
+    np.testing.assert_array_equal(got.ref_nll, got.nll)
+    np.testing.assert_array_equal(got.entropy, 0.0)
+    assert m.loss == np.inf and m.entropy == 0.0
+
+
 def test_a_row_all_minus_inf_is_named_before_a_later_nan_with_blocks_all_minus_inf():
     """With blocks all -inf merged as no mass, a row all -inf (here the
     reference's) is still named, and before a later row's NaN whichever

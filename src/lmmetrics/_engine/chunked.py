@@ -324,11 +324,11 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
                 _set(rt, inb, _at(r, inb, t[inb] - j, dev))
         z = r = None  # (freed before the next tile is computed: one tile's memory at a time)
     top, rel, lw = _merge_lse(blocks["amv"], blocks["rel"], xp)
-    with np.errstate(invalid="ignore"):  # (inf - inf: the row is done again whole)
-        redo |= ~xp.isfinite(top + rel)
     merged: Dict[str, Any] = {}
-    if t is not None and out.nll is not None:
-        merged["nll"] = (top - zt) + rel
+    with np.errstate(invalid="ignore"):  # (inf - inf, a +inf logit: the row is done again whole)
+        redo |= ~xp.isfinite(top + rel)
+        if t is not None and out.nll is not None:
+            merged["nll"] = (top - zt) + rel
     if "entropy" in want:  # H = sum_b w_b (H_b - ln w_b), w_b the block's share of the mass
         merged["entropy"] = _weighted(lw, [e - v for e, v in zip(blocks["ent"], lw)], xp)
     if "argmax" in want:
@@ -341,8 +341,8 @@ def _lazy_tiles(logits: Any, reference: Any, sel: I64Array, t: Optional[I64Array
         rtop, rrel, rlw = _merge_lse(blocks["rmax"], blocks["rrel"], xp)
         with np.errstate(invalid="ignore"):
             redo |= ~xp.isfinite(rtop + rrel)
-        if t is not None and out.ref_nll is not None:
-            merged["ref_nll"] = (rtop - rt) + rrel
+            if t is not None and out.ref_nll is not None:
+                merged["ref_nll"] = (rtop - rt) + rrel
         if "kl" in want:  # KL = sum_b W_b (KL_b + ln W_b - ln w_b), W_b the reference's share
             with np.errstate(invalid="ignore"):  # (-inf - -inf: a block without mass on both sides, weight 0)
                 merged["kl"] = _weighted(rlw, [k + rv - v for k, rv, v in zip(blocks["kl"], rlw, lw)], xp)
