@@ -142,6 +142,10 @@ def bpc_from_perplexity(ppl: float, num_tokens: int, num_chars: int) -> float:
     >>> round(convert.bpc_from_perplexity(16.0, 100, 400), 6)     # 4 bits a token, 4 characters a token
     1.0
     """
+    if float(ppl) == math.inf:  # (the mean NLL passed ~709.78 nats: the BPC is finite but lost)
+        raise ValueError("ppl is inf: a perplexity past float64's range no longer says its mean NLL; take "
+                         "the bits per character from the NLL itself (lmmetrics.bits_per_character, or "
+                         "num_tokens / num_chars * nats_to_bits(cross_entropy))")
     if not 1 <= float(ppl) < math.inf:  # (exp of a mean NLL >= 0)
         raise ValueError(f"ppl must be a perplexity, a finite number >= 1, got {ppl!r}")
     return (check_positive_int("num_tokens", num_tokens) / check_positive_int("num_chars", num_chars)

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+import lmmetrics
 from lmmetrics import convert, probs
 
 
@@ -26,6 +27,14 @@ def test_bpc_ppl_round_trip_and_errors():
         with pytest.raises(ValueError, match="bpc"):
             convert.perplexity_from_bpc(bpc, 100, 10)
     assert convert.bpc_from_perplexity(1.0, 100, 10) == 0.0 and convert.perplexity_from_bpc(0.0, 100, 10) == 1.0
+    # a perplexity of inf (a mean NLL past ~709.78 nats) has a finite BPC it no longer says: the error says
+    # where to take it from, and perplexity() does return inf there
+    logits = np.array([[0.0, -800.0]] * 3)
+    assert lmmetrics.perplexity(logits, [1, 1, 1]) == math.inf
+    with pytest.raises(ValueError, match="bits_per_character"):
+        convert.bpc_from_perplexity(math.inf, 3, 12)
+    bpc = lmmetrics.bits_per_character(logits, [1, 1, 1], token_chars=[4, 4])   # 3 tokens, 12 characters
+    assert bpc == pytest.approx(3 / 12 * 800 / math.log(2))
 
 
 def test_one_positive_integer_check():
