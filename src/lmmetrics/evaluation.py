@@ -335,9 +335,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _one_at_a_time(method: _F) -> _F:
     """An Evaluator method that reads or changes its sums, run while it holds
-    the Evaluator's lock: updates from several threads are added one at a
-    time (each pass itself runs unlocked up to its sums), and a read sees
-    whole batches only."""
+    the Evaluator's lock: updates from several threads run one at a time
+    (each pass has the OpenMP threads), and a read sees whole batches
+    only."""
     def locked(self: Evaluator, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             return method(self, *args, **kwargs)
