@@ -61,6 +61,7 @@ cdef extern from "lm_kernel.h" nogil:
     const char *lm_isa_name(int isa)
     int lm_openmp()
     int lm_max_threads()
+    void lm_init()
 
 cdef extern from "lm_bench.h" nogil:
     uint64_t lm_read_pass(const void *p, int64_t nbytes, int num_threads, int isa, int prefetch)
@@ -90,6 +91,7 @@ ISAS_BUILT = tuple(LM_ISAS_BUILT.decode().split())
 import threading
 
 cdef unsigned long _MAIN_THREAD = threading.main_thread().ident
+lm_init()
 
 
 cdef int _signalled(void *arg) noexcept nogil:

@@ -98,25 +98,43 @@ int lm_max_threads(void) {
 
 /* fork(): libgomp's thread team does not survive it, and an OpenMP region
  * in the child of a process that had started one waits for ever (Python's
- * multiprocessing with the fork start method, DataLoader workers). Such a
- * child runs its jobs on one thread, without a region. */
+ * multiprocessing with the fork start method, DataLoader workers). The team
+ * may be another library's on the same runtime (torch's wheels bring their
+ * own libgomp.so.1, which then serves both), so the child of a process that
+ * ran more than one thread when it forked runs its jobs on one thread,
+ * without a region. Threads are counted in /proc/self/task; where there is
+ * none, a forked child always runs on one thread. */
 #if defined(_OPENMP) && !defined(_WIN32)
+#include <dirent.h>
 #include <pthread.h>
-static volatile int lm_team_started = 0, lm_forked_after_team = 0;
+static volatile int lm_fork_threads = 0, lm_forked_after_threads = 0;
 static pthread_once_t lm_atfork_once = PTHREAD_ONCE_INIT;
-static void lm_atfork_child(void) {
-    if (lm_team_started) lm_forked_after_team = 1;
+static void lm_atfork_prepare(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) { lm_fork_threads = 2; return; }
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
+    closedir(d);
+    lm_fork_threads = n;
 }
-static void lm_atfork_register(void) { pthread_atfork(NULL, NULL, lm_atfork_child); }
+static void lm_atfork_child(void) {
+    if (lm_fork_threads > 1) lm_forked_after_threads = 1;
+}
+static void lm_atfork_register(void) { pthread_atfork(lm_atfork_prepare, NULL, lm_atfork_child); }
 #endif
 
-/* The threads a job may use: nt (>= 1), or 1 in a child forked after a
- * team started; the caller starts a team when it gets more than 1. */
+void lm_init(void) {
+#if defined(_OPENMP) && !defined(_WIN32)
+    pthread_once(&lm_atfork_once, lm_atfork_register);
+#endif
+}
+
+/* The threads a job may use: nt (>= 1), or 1 in a child forked from a
+ * process that ran threads; the caller starts a team when it gets more
+ * than 1. */
 static int lm_team(int nt) {
 #if defined(_OPENMP) && !defined(_WIN32)
-    if (nt <= 1 || lm_forked_after_team) return 1;
-    pthread_once(&lm_atfork_once, lm_atfork_register);
-    lm_team_started = 1;
+    if (nt <= 1 || lm_forked_after_threads) return 1;
 #endif
     return nt < 1 ? 1 : nt;
 }

@@ -72,5 +72,8 @@ int lm_isa_best(void);
 const char *lm_isa_name(int isa);
 int lm_openmp(void);             /* 1 when built with OpenMP */
 int lm_max_threads(void);
+/* once, before any job: the fork guard (a child forked from a process
+ * that ran threads computes on one thread) */
+void lm_init(void);
 
 #endif

@@ -14,8 +14,9 @@ import hashlib
 import math
 import numbers
 import operator
+import threading
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, TypeVar, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -329,6 +330,22 @@ def _ids_per_position(doc: npt.NDArray[np.integer[Any]], shape: Tuple[int, ...])
                      f"position {shape}{per_sequence} or one for all (a scalar)")
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _one_at_a_time(method: _F) -> _F:
+    """An Evaluator method that reads or changes its sums, run while it holds
+    the Evaluator's lock: updates from several threads run one at a time
+    (each pass has the OpenMP threads), and a read sees whole batches
+    only."""
+    def locked(self: Evaluator, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    locked.__name__, locked.__qualname__, locked.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    locked.__wrapped__ = method  # type: ignore[attr-defined]
+    return cast(_F, locked)
+
+
 class Evaluator:
     """Streaming metrics: `update` per batch, `compute` at the end.
 
@@ -441,6 +458,7 @@ class Evaluator:
         self._pending: Optional[_Pending] = None
         self._errors: List[Tuple[int, ValueError]] = []
         self._updates = 0
+        self._lock = threading.RLock()  # (`_one_at_a_time`)
 
     def _no_calibration(self) -> Optional[Calibration]:
         return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
@@ -449,6 +467,7 @@ class Evaluator:
     #: `reset` or `load_state_dict`): a batch, or a merged Evaluator's batches, of another is an error
     _vocab: Optional[int] = None
 
+    @_one_at_a_time
     def reset(self) -> None:
         """Forget everything seen, a batch not yet added and the errors not
         yet raised included (the settings stay).
@@ -556,6 +575,7 @@ class Evaluator:
         """
         self._update_rows(logits, targets, reference_logits=reference_logits, document_ids=document_ids, defer=True)
 
+    @_one_at_a_time
     def _update_rows(self, logits: Any, targets: Any, *, reference_logits: Any = None, document_ids: Any = None,
                      defer: bool = False, **more: bool) -> _engine.RowResults:
         """`update`, returning the pass's per-row results (for the CLI's
@@ -667,7 +687,12 @@ class Evaluator:
         # (errors kept for the next read as plain ValueErrors: a RowError's
         # own arguments are not its message, which unpickling would pass)
         state["_errors"] = [(k, ValueError(str(e))) for k, e in self._errors]
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's
@@ -736,6 +761,7 @@ class Evaluator:
         if docs is not None and doc_sums is not None:
             doc_sums.add_rows(docs[counted], {k: v[counted] for k, v in per_doc.items()})
 
+    @_one_at_a_time
     def compute(self) -> Metrics:
         """The metrics of everything seen so far.
 
@@ -820,6 +846,7 @@ class Evaluator:
             out["perplexity_interval_documents"] = _exp_interval(micro["loss"], clustered["loss"])
         return out
 
+    @_one_at_a_time
     def bits_per_byte(self) -> float:
         """The bits per byte of everything seen so far.
 
@@ -855,6 +882,7 @@ class Evaluator:
         if self._token_bytes_in is not None and not _same_table(self._token_bytes_in, other._token_bytes_in):
             raise ValueError("cannot merge Evaluators with different token_bytes tables")
 
+    @_one_at_a_time
     def merge(self, other: Evaluator) -> Evaluator:
         """Add another Evaluator's sums to this one (e.g. from another worker).
 
@@ -897,6 +925,7 @@ class Evaluator:
         self._vocab = self._vocab if self._vocab is not None else other._vocab
         return self
 
+    @_one_at_a_time
     def state_dict(self) -> Dict[str, Any]:
         """The sums as a dict of Python numbers (picklable, JSON-ready).
 
@@ -930,6 +959,7 @@ class Evaluator:
             state["calibration"] = _calibration_state(self._cal)
         return state
 
+    @_one_at_a_time
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Replace the sums by those of `state_dict` (batches on a CUDA device not
         yet added are dropped with the rest).
@@ -1038,6 +1068,7 @@ class Evaluator:
                     return f"the documents' {name} add up to {total:g}, the state's is {mine:g}"
         return None
 
+    @_one_at_a_time
     def all_reduce(self, group: Any = None) -> Evaluator:
         """Sum the state across the ranks of ``torch.distributed``.
 

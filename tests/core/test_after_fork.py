@@ -1,9 +1,11 @@
-"""A process forked after lmmetrics ran an OpenMP team (Python's
+"""A process forked after an OpenMP team ran (Python's
 multiprocessing with the fork start method, DataLoader workers): the child's
 calls must not wait for the parent's threads, which fork did not copy
 (libgomp's team then waits for ever). The child runs its jobs on one
 thread, with the same bits."""
 import multiprocessing as mp
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -42,3 +44,32 @@ def test_a_child_forked_after_a_team_does_not_wait_for_it():
         got = pool.map_async(_child_work, range(2)).get(timeout=60)   # (a hang: TimeoutError)
     # the same bits on one thread as on two
     assert got == [want, want]
+
+
+_TORCH_TEAM_FIRST = """
+import multiprocessing as mp, numpy as np, torch
+torch.set_num_threads(2)
+torch.ones(1 << 22).exp().sum()          # torch's OpenMP team (its libgomp.so.1 serves lmmetrics too)
+import lmmetrics
+z = np.random.default_rng(0).standard_normal((4, 65536)).astype(np.float32)
+t = np.arange(4)
+def work(_):
+    return lmmetrics.token_nll(z, t, num_threads=2).tolist()
+if __name__ == "__main__":
+    want = lmmetrics.token_nll(z, t, num_threads=1).tolist()
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.map_async(work, [0]).get(timeout=60) == [want]
+    print("ok")
+"""
+
+
+@pytest.mark.skipif(not _core.openmp(), reason="built without OpenMP")
+def test_a_child_forked_after_another_librarys_team_does_not_wait_for_it(tmp_path):
+    # the parent's team is torch's, on the same OpenMP runtime, and
+    # lmmetrics never ran one before the fork
+    pytest.importorskip("torch")
+    script = tmp_path / "torch_team_first.py"
+    script.write_text(_TORCH_TEAM_FIRST)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]

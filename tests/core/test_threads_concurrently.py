@@ -106,3 +106,45 @@ def test_threads_calling_at_once_match_serial():
     assert not any(th.is_alive() for th in threads), "a thread hung"
     assert not errors, "\n".join(errors[:20])
     assert done == [ROUNDS * (len(shared_jobs) + len(own_jobs[k])) for k in range(N_THREADS)]
+
+
+def test_one_evaluator_updated_from_many_threads_adds_every_batch():
+    # updates of one Evaluator from several threads at once are added one
+    # at a time: every batch counted, the sums those of a serial run (up to
+    # the order of the additions)
+    rng = np.random.default_rng(7)
+    batches = [((rng.standard_normal((3, 9)) * 2).astype(np.float32), rng.integers(0, 9, 3), k % 50)
+               for k in range(1600)]
+    kw = dict(top_k=(1, 3), calibration_bins=10)
+    serial = lmmetrics.Evaluator(**kw)
+    for z, t, d in batches:
+        serial.update(z, t, document_ids=d, reference_logits=z[::-1].copy())
+    want = serial.compute()
+    shared = lmmetrics.Evaluator(**kw)
+    barrier = threading.Barrier(N_THREADS)
+    errors = []
+
+    def worker(k):
+        try:
+            barrier.wait()
+            for z, t, d in batches[k::N_THREADS]:
+                shared.update(z, t, document_ids=d, reference_logits=z[::-1].copy())
+                if d == 0:
+                    shared.compute()   # reads in between see whole batches
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {k}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(N_THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+    assert not errors, "\n".join(errors[:20])
+    got = shared.compute()
+    assert got.tokens == want.tokens == 4800
+    for k, v in want.as_dict().items():
+        if isinstance(v, float):
+            assert got.as_dict()[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
+        elif not isinstance(v, (dict, list)):
+            assert got.as_dict()[k] == v, k
