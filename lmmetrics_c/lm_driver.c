@@ -507,7 +507,7 @@ static int64_t lm_cost(const lm_job *j, lm_segment_fn fn) {
 int lm_run(const lm_job *j, int64_t *bad_row) {
     lm_ctx x;
     int64_t n = j->n_rows, work;
-    int nt, err = LM_OK;
+    int nt, isa, err = LM_OK;
     unsigned char *status;
 
     *bad_row = -1;
@@ -522,8 +522,9 @@ int lm_run(const lm_job *j, int64_t *bad_row) {
         return LM_OK;
     }
     x.job = j;
-    x.fn = lm_kernel_for(lm_isa_active(), j->dtype);
-    x.value = lm_value_for(lm_isa_active(), j->dtype);
+    isa = lm_isa_active(); /* (read once: the kernel and its value function of one path) */
+    x.fn = lm_kernel_for(isa, j->dtype);
+    x.value = lm_value_for(isa, j->dtype);
     x.es = lm_elsize(j->dtype);
     x.seg = lm_segment_len(n, j->n_cols);
     x.nseg = (j->n_cols + x.seg - 1) / x.seg;
