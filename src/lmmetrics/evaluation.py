@@ -882,7 +882,6 @@ class Evaluator:
         if self._token_bytes_in is not None and not _same_table(self._token_bytes_in, other._token_bytes_in):
             raise ValueError("cannot merge Evaluators with different token_bytes tables")
 
-    @_one_at_a_time
     def merge(self, other: Evaluator) -> Evaluator:
         """Add another Evaluator's sums to this one (e.g. from another worker).
 
@@ -911,6 +910,12 @@ class Evaluator:
             When ``other`` is not an Evaluator.
         """
         self._check_compatible(other)
+        # (both Evaluators' locks, taken in one order whichever merges which: an update of either waits)
+        first, second = sorted((self._lock, other._lock), key=id)
+        with first, second:
+            return self._merge(other)
+
+    def _merge(self, other: Evaluator) -> Evaluator:
         self._settle()
         other._settle()
         if other._vocab is not None:  # (once both have their batches on a device added)

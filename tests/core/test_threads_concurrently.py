@@ -7,6 +7,7 @@ its own rotated order), with its own num_threads, on inputs shared by all
 threads and on inputs of its own.
 """
 import math
+import sys
 import threading
 
 import numpy as np
@@ -148,3 +149,61 @@ def test_one_evaluator_updated_from_many_threads_adds_every_batch():
             assert got.as_dict()[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
         elif not isinstance(v, (dict, list)):
             assert got.as_dict()[k] == v, k
+
+
+def test_merges_while_the_merged_evaluator_is_updated_count_every_batch_once():
+    # a.merge(b) while another thread updates b (and b.merge(a) the other
+    # way at once): both Evaluators' locks are held, in one order whichever
+    # merges which, so a batch is added once and two opposite merges never
+    # wait on each other
+    rng = np.random.default_rng(11)
+    batches = [((rng.standard_normal((2, 7)) * 2).astype(np.float32), rng.integers(0, 7, 2)) for _ in range(600)]
+    kw = dict(calibration_bins=10)
+    a, b, c = lmmetrics.Evaluator(**kw), lmmetrics.Evaluator(**kw), lmmetrics.Evaluator(**kw)
+    barrier = threading.Barrier(3)
+    errors = []
+
+    def run(fn):
+        try:
+            barrier.wait()
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"{type(e).__name__}: {e}")
+
+    def update_b():
+        for z, t in batches:
+            b.update(z, t)
+
+    def merge_into_a():  # a copy of b's sums at each moment, added to an empty a each time
+        for _ in range(200):
+            a.reset()
+            a.merge(b)
+            m = a.compute()   # the sums and the bins of one moment of b's
+            assert m.tokens % 2 == 0 and m.tokens <= 1200 and m.calibration.total == m.tokens
+
+    def merge_into_c():  # the other way round at once: b's lock first here, c's there
+        for _ in range(200):
+            c.reset()
+            c.merge(b)
+            b_snapshot = lmmetrics.Evaluator(**kw).merge(c)
+            assert b_snapshot.compute().tokens == c.compute().tokens
+
+    threads = [threading.Thread(target=run, args=(f,)) for f in (update_b, merge_into_a, merge_into_c)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # (threads switch between any two lines: a merge reads mid-update)
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(th.is_alive() for th in threads), "a merge hung"
+    assert not errors, "\n".join(errors[:20])
+    a.reset()
+    a.merge(b)
+    want = lmmetrics.Evaluator(**kw)
+    for z, t in batches:
+        want.update(z, t)
+    assert a.compute().tokens == b.compute().tokens == 1200
+    assert a.compute().loss == pytest.approx(want.compute().loss, rel=1e-12)
