@@ -62,8 +62,10 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
     spiece = (byte_fallback or "Metaspace" in kinds
               or _SPIECE_SPACE in json.dumps(spec.get("decoder"), ensure_ascii=False))
-    wordpiece_prefix = None
-    if spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
+    # WordPiece's "##": the model's continuing_subword_prefix (a raw
+    # tokenizer need have no decoder), else the WordPiece decoder's
+    wordpiece_prefix = model.get("continuing_subword_prefix") or None
+    if wordpiece_prefix is None and spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
         wordpiece_prefix = spec["decoder"].get("prefix", "##")
     # openai-gpt / CLIP: a word-final token carries the model's suffix
     # ("the</w>"), a word boundary the decoder writes as one space
@@ -79,14 +81,14 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         boundary = 0
         if suffix and piece.endswith(suffix):
             piece, boundary = piece[:-len(suffix)], 1
+        if wordpiece_prefix and piece.startswith(wordpiece_prefix):
+            piece = piece[len(wordpiece_prefix):]
         if bd is not None:
             out[i] = sum(1 if ch in bd else _utf8_len(ch) for ch in piece)
         elif byte_fallback and _BYTE_PIECE.match(piece):
             out[i] = 1
         elif spiece:
             out[i] = _utf8_len(piece.replace(_SPIECE_SPACE, " "))
-        elif wordpiece_prefix and piece.startswith(wordpiece_prefix):
-            out[i] = _utf8_len(piece[len(wordpiece_prefix):])
         else:
             out[i] = _utf8_len(piece)
         out[i] += boundary
@@ -220,7 +222,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       (GPT-2, Llama 3, Qwen: each character of a token is one byte through the
       inverse of GPT-2's ``bytes_to_unicode``); SentencePiece-style
       vocabularies (Llama 2, Mistral, Gemma: ``<0xAB>`` byte-fallback tokens
-      are one byte, ``▁`` is a space); WordPiece's ``##`` prefix is dropped;
+      are one byte, ``▁`` is a space); the continuation prefix (WordPiece's
+      ``##``, the model's ``continuing_subword_prefix``) is dropped;
       end-of-word suffixes (openai-gpt, CLIP: ``"the</w>"``) are one byte,
       the space the decoder writes for them; any other token counts the
       UTF-8 bytes of its text. Added tokens that are not special count their

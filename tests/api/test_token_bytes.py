@@ -310,6 +310,26 @@ def test_wordpiece_counts_no_whitespace():
     assert any(t.startswith("##") for t in pieces)
 
 
+def test_wordpiece_prefix_without_a_decoder():
+    """A raw WordPiece tokenizer need have no decoder: the "##" of its
+    continuation pieces is the model's (continuing_subword_prefix) and no
+    byte ("quickest" as quick ##e ##s ##t counted 14 bytes, not 8)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    for prefix in ("##", "@@"):
+        tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=prefix))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+            vocab_size=400, special_tokens=["[UNK]"], continuing_subword_prefix=prefix, show_progress=False))
+        assert tok.decoder is None
+        table = lmmetrics.token_bytes(tok)
+        text = "The quickest brown foxes jumped."
+        enc = tok.encode(text)
+        assert any(t.startswith(prefix) for t in enc.tokens) and "[UNK]" not in enc.tokens
+        assert table[enc.ids].sum() == utf8("".join(text.split()))
+
+
 def test_transformers_sentencepiece_added_token_past_a_gap(sp, tmp_path):
     """An added token whose id leaves a gap after the model's pieces: the
     gap's ids have no token (0), the added token its own entry."""
