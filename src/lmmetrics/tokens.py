@@ -51,6 +51,21 @@ def _types(node: Any) -> Set[str]:
     return out
 
 
+def _metaspace(node: Any) -> Optional[str]:
+    """The replacement of the first Metaspace component in a tokenizers JSON
+    subtree (Sequence nests), None without one."""
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and isinstance(node.get("replacement"), str):
+            return str(node["replacement"])
+        node = list(node.values())
+    if isinstance(node, list):
+        for v in node:
+            found = _metaspace(v)
+            if found is not None:
+                return found
+    return None
+
+
 def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I64Array:
     """A ``tokenizers.Tokenizer``: the scheme comes from its decoder and
     pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
@@ -62,6 +77,9 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
     spiece = (byte_fallback or "Metaspace" in kinds
               or _SPIECE_SPACE in json.dumps(spec.get("decoder"), ensure_ascii=False))
+    # the character that stands for a space: Metaspace's replacement ("▁"
+    # unless set otherwise)
+    space = _metaspace([spec.get("pre_tokenizer"), spec.get("decoder")]) or _SPIECE_SPACE
     # WordPiece's "##": the model's continuing_subword_prefix (a raw
     # tokenizer need have no decoder), else the WordPiece decoder's
     wordpiece_prefix = model.get("continuing_subword_prefix") or None
@@ -88,7 +106,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         elif byte_fallback and _BYTE_PIECE.match(piece):
             out[i] = 1
         elif spiece:
-            out[i] = _utf8_len(piece.replace(_SPIECE_SPACE, " "))
+            out[i] = _utf8_len(piece.replace(space, " "))
         else:
             out[i] = _utf8_len(piece)
         out[i] += boundary
@@ -222,7 +240,7 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       (GPT-2, Llama 3, Qwen: each character of a token is one byte through the
       inverse of GPT-2's ``bytes_to_unicode``); SentencePiece-style
       vocabularies (Llama 2, Mistral, Gemma: ``<0xAB>`` byte-fallback tokens
-      are one byte, ``▁`` is a space); the continuation prefix (WordPiece's
+      are one byte, ``▁`` is a space, or Metaspace's own ``replacement``); the continuation prefix (WordPiece's
       ``##``, the model's ``continuing_subword_prefix``) is dropped;
       end-of-word suffixes (openai-gpt, CLIP: ``"the</w>"``) are one byte,
       the space the decoder writes for them; any other token counts the

@@ -204,6 +204,27 @@ def test_byte_fallback_pieces_given_as_special_tokens_are_one_byte():
             assert table[ids].sum() == utf8(text), text
 
 
+def test_metaspace_replacement_other_than_the_default():
+    """Metaspace's replacement need not be "▁": a "Ġ" (2 bytes in UTF-8)
+    stands for a space too (it counted 2 bytes a word, not 1)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    for replacement in ("\u0120", "\u2581"):
+        tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=replacement, prepend_scheme="never")
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement=replacement, prepend_scheme="never"),
+                                         decoders.ByteFallback(), decoders.Fuse()])
+        specials = ["<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
+        tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                            show_progress=False))
+        table = lmmetrics.token_bytes(tok)
+        for text in TEXTS:
+            ids = tok.encode(text).ids
+            assert tok.decode(ids, skip_special_tokens=False) == text
+            assert table[ids].sum() == utf8(text), (replacement, text)
+
+
 def test_sentencepiece_dummy_prefix_is_one_byte_more():
     """With add_dummy_prefix (SentencePiece's default) the encoding starts
     with a ▁ the text does not have: one byte more, as documented."""
