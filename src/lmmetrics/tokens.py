@@ -66,10 +66,12 @@ def _metaspace(node: Any) -> Optional[str]:
     return None
 
 
-def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I64Array:
+def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int,
+                     wrapper_unk: Optional[int] = None) -> I64Array:
     """A ``tokenizers.Tokenizer``: the scheme comes from its decoder and
     pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
-    the token text as is)."""
+    the token text as is). wrapper_unk: the unknown token's id that a
+    transformers tokenizer over it names (``unk_token_id``)."""
     spec = json.loads(tok.to_str())
     kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer")) | _types(spec.get("normalizer"))
     model = spec.get("model") or {}
@@ -112,10 +114,16 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         out[i] += boundary
     _set_added(out, added)
     # the model's unknown token stands for text it has no piece for: no bytes,
-    # as SentencePiece's, also where it is not an added token (by its text:
-    # a Unigram's unk_id may name a real piece, as transformers' XLM-R
-    # builds it over a vocabulary without fairseq's four tokens first)
+    # as SentencePiece's, also where it is not an added token (BPE's and
+    # WordPiece's by its text; a Unigram's by its unk_id, unless a
+    # transformers tokenizer over it names another unknown token: its XLM-R
+    # built over a vocabulary without fairseq's four tokens first points
+    # unk_id at a real piece)
     unk = vocab.get(model.get("unk_token") or "")
+    unk_id = model.get("unk_id")
+    if (unk is None and model.get("type") == "Unigram" and isinstance(unk_id, int)
+            and wrapper_unk in (None, unk_id)):
+        unk = unk_id
     for i in [*special_ids, *([] if unk is None else [unk])]:
         if 0 <= i < n:
             out[i] = 0
@@ -315,7 +323,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
             special = {int(i) for i in tokenizer.all_special_ids if i is not None}
             size_hint = len(tokenizer)
         if hasattr(tokenizer, "backend_tokenizer"):
-            out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
+            out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint,
+                                   _integer(getattr(tokenizer, "unk_token_id", None)))
             special = set()  # (zeroed there, but for byte-fallback pieces)
         elif hasattr(tokenizer, "sp_model"):
             out = _from_sentencepiece_wrapper(tokenizer, size_hint)

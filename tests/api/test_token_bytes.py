@@ -129,6 +129,32 @@ def test_unknown_token_of_a_raw_tokenizer_is_zero():
         assert table[enc.ids].sum() == 2
 
 
+def test_unknown_piece_of_a_unigram_model_is_zero():
+    """A Unigram model names its unknown piece by id (unk_id), which
+    UnigramTrainer(unk_token=...) puts in the vocabulary without adding it
+    as a token: it counts no bytes, as BPE's and WordPiece's (each stretch
+    of unknown text counted the 5 bytes of "<unk>"), raw and wrapped."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    tok.decoder = decoders.Metaspace(prepend_scheme="never")
+    tok.train_from_iterator([t for t in CORPUS if t.isascii()], trainers.UnigramTrainer(
+        vocab_size=200, unk_token="<unk>", show_progress=False))
+    unk = tok.token_to_id("<unk>")
+    assert not tok.get_added_tokens_decoder()
+    tables = [lmmetrics.token_bytes(tok)]
+    transformers = pytest.importorskip("transformers")
+    tables.append(lmmetrics.token_bytes(transformers.PreTrainedTokenizerFast(tokenizer_object=tok)))
+    text = "the fox \x00 日本"
+    enc = tok.encode(text)
+    assert enc.ids.count(unk) == 2
+    for table in tables:
+        assert table[unk] == 0
+        assert table[enc.ids].sum() == utf8(text) - utf8("\x00日本")
+
+
 def test_the_decode_recipe_is_wrong_for_byte_level(byte_level):
     """One token at a time, a token holding part of a character decodes to
     U+FFFD: the old README recipe overcounts."""
