@@ -248,8 +248,9 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       (GPT-2, Llama 3, Qwen: each character of a token is one byte through the
       inverse of GPT-2's ``bytes_to_unicode``); SentencePiece-style
       vocabularies (Llama 2, Mistral, Gemma: ``<0xAB>`` byte-fallback tokens
-      are one byte, ``▁`` is a space, or Metaspace's own ``replacement``); the continuation prefix (WordPiece's
-      ``##``, the model's ``continuing_subword_prefix``) is dropped;
+      are one byte, ``▁``, or Metaspace's own ``replacement``, is a space);
+      the continuation prefix (WordPiece's ``##``, the model's
+      ``continuing_subword_prefix``) is dropped;
       end-of-word suffixes (openai-gpt, CLIP: ``"the</w>"``) are one byte,
       the space the decoder writes for them; any other token counts the
       UTF-8 bytes of its text. Added tokens that are not special count their
@@ -271,8 +272,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     ``WhitespaceSplit``) leaves it in no token: a WordPiece sum is the byte
     length of the text without its whitespace (``"the fox"``: 6), and
     XLM-R's (``WhitespaceSplit``, then ``▁``) counts each run of whitespace
-    as one space; so does an added token with ``lstrip`` or ``rstrip`` for
-    the whitespace it takes. An end-of-word
+    as one space; the whitespace an added token with ``lstrip`` or
+    ``rstrip`` takes is in no token either (``"a <m> b"``: 5). Text the
+    vocabulary has no piece for (a vocabulary without byte fallback) is the
+    unknown token, 0 bytes: the sum falls short of that text's bytes, and
+    bits per byte (nanochat's: tokens of 0 bytes leave both sums) is over
+    the rest of the text, where lm-eval's ``bits_per_byte`` divides the NLL
+    of every token by the whole text's bytes. An end-of-word
     suffix tokenizer drops the whitespace and splits off punctuation: its
     sum is the byte length of the text as it decodes (words and punctuation
     each followed by one space: ``"the fox, jumps. "``), one byte more than
