@@ -112,7 +112,7 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int,
         else:
             out[i] = _utf8_len(piece)
         out[i] += boundary
-    _set_added(out, added)
+    _set_added(out, added, [i for i, t in added.items() if vocab.get(getattr(t, "content", None)) == i])
     # the model's unknown token stands for text it has no piece for: no bytes,
     # as SentencePiece's, also where it is not an added token (BPE's and
     # WordPiece's by its text; a Unigram's by its unk_id, unless a
@@ -192,12 +192,20 @@ def _from_byte_ids(tok: Any, size_hint: int) -> I64Array:
     return out
 
 
-def _set_added(out: I64Array, added: Dict[int, Any]) -> None:
+def _set_added(out: I64Array, added: Dict[int, Any], pieces: Iterable[int] = ()) -> None:
     """Added tokens (id: tokenizers' or transformers' ``AddedToken``) into
     out: each matches, and decodes to, its own text, whose bytes it counts;
-    0 when special."""
+    0 when special. pieces: the ids of added tokens that are also the
+    model's piece of their text (SentencePiece's user-defined pieces, as
+    Gemma's whitespace runs "▁▁"), which keep the piece's count: the model
+    emits them for the text the piece stands for (two spaces, not the 6
+    bytes of "▁▁")."""
+    keep = set(pieces)
     for i, t in added.items():
-        out[i] = 0 if getattr(t, "special", False) else _utf8_len(getattr(t, "content", str(t)))
+        if getattr(t, "special", False):
+            out[i] = 0
+        elif i not in keep:
+            out[i] = _utf8_len(getattr(t, "content", str(t)))
 
 
 def _from_tiktoken(enc: Any) -> I64Array:
@@ -254,7 +262,9 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       end-of-word suffixes (openai-gpt, CLIP: ``"the</w>"``) are one byte,
       the space the decoder writes for them; any other token counts the
       UTF-8 bytes of its text. Added tokens that are not special count their
-      text.
+      text, but for those that are also the model's piece of that text
+      (Gemma's whitespace runs ``"▁▁"``: two spaces), which count as the
+      piece.
     * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
       wrapping one (``sp_model``).
     * transformers' byte tokenizer (ByT5's): each byte's id is one byte.

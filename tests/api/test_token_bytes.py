@@ -251,6 +251,32 @@ def test_metaspace_replacement_other_than_the_default():
             assert table[ids].sum() == utf8(text), (replacement, text)
 
 
+def test_added_tokens_that_are_pieces_count_as_pieces():
+    """Gemma's tokenizer: SentencePiece's user-defined pieces (whitespace
+    runs "▁▁", "▁▁▁") are pieces of the model and non-special added tokens
+    with the same ids; the model emits them for the spaces the normalizer
+    turned into "▁": a space a byte (each counted the 3 bytes of "▁")."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<bos>": 1, "a": 2, "b": 3, "\u2581": 4, "\u2581\u2581": 5, "\u2581\u2581\u2581": 6,
+             "\n": 7, "<td>": 8}
+    vocab.update({f"<0x{i:02X}>": 9 + i for i in range(256)})
+    tok = tokenizers.Tokenizer(models.BPE(vocab, [("\u2581", "\u2581"), ("\u2581\u2581", "\u2581")],
+                                          unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in ["\u2581\u2581", "\u2581\u2581\u2581",
+                                                                            "\n", "<td>"]])
+    tok.add_special_tokens([AddedToken("<bos>", normalized=False, special=True)])
+    table = lmmetrics.token_bytes(tok)
+    assert table[:9].tolist() == [0, 0, 1, 1, 1, 2, 3, 1, 4]
+    for text in ["a  b", "a   b\nb <td>  a", "ab  \n\n   "]:
+        ids = tok.encode(text).ids
+        assert tok.decode(ids) == text
+        assert table[ids].sum() == utf8(text), text
+
+
 def test_sentencepiece_dummy_prefix_is_one_byte_more():
     """With add_dummy_prefix (SentencePiece's default) the encoding starts
     with a ▁ the text does not have: one byte more, as documented."""
