@@ -85,7 +85,10 @@ def text_metrics(model: Any, tokenizer: Any, text: Union[str, Sequence[str]], *,
         text written in the text, ``"<s>"``, which the tokenizer reads as
         that token, counts 0 bytes), so
         with ``bos=True`` it is lm-eval's ``bits_per_byte`` (the text's
-        summed NLL over ``ln 2`` times its UTF-8 length).
+        summed NLL over ``ln 2`` times its UTF-8 length). Without byte
+        fallback, text the vocabulary has no piece for is the unknown
+        token, 0 bytes, its NLL left out too: ``Metrics.bytes`` is then
+        less than the text's UTF-8 length.
     num_threads : int or None, default None
         CPU threads for the metrics (not the model).
     progress : bool, default True

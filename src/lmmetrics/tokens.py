@@ -51,10 +51,27 @@ def _types(node: Any) -> Set[str]:
     return out
 
 
-def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I64Array:
+def _metaspace(node: Any) -> Optional[str]:
+    """The replacement of the first Metaspace component in a tokenizers JSON
+    subtree (Sequence nests), None without one."""
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and isinstance(node.get("replacement"), str):
+            return str(node["replacement"])
+        node = list(node.values())
+    if isinstance(node, list):
+        for v in node:
+            found = _metaspace(v)
+            if found is not None:
+                return found
+    return None
+
+
+def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int,
+                     wrapper_unk: Optional[int] = None) -> I64Array:
     """A ``tokenizers.Tokenizer``: the scheme comes from its decoder and
     pre-tokenizer (byte-level, SentencePiece-style byte fallback / ▁, else
-    the token text as is)."""
+    the token text as is). wrapper_unk: the unknown token's id that a
+    transformers tokenizer over it names (``unk_token_id``)."""
     spec = json.loads(tok.to_str())
     kinds = _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer")) | _types(spec.get("normalizer"))
     model = spec.get("model") or {}
@@ -62,8 +79,13 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in kinds
     spiece = (byte_fallback or "Metaspace" in kinds
               or _SPIECE_SPACE in json.dumps(spec.get("decoder"), ensure_ascii=False))
-    wordpiece_prefix = None
-    if spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
+    # the character that stands for a space: Metaspace's replacement ("▁"
+    # unless set otherwise)
+    space = _metaspace([spec.get("pre_tokenizer"), spec.get("decoder")]) or _SPIECE_SPACE
+    # WordPiece's "##": the model's continuing_subword_prefix (a raw
+    # tokenizer need have no decoder), else the WordPiece decoder's
+    wordpiece_prefix = model.get("continuing_subword_prefix") or None
+    if wordpiece_prefix is None and spec.get("decoder") and spec["decoder"].get("type") == "WordPiece":
         wordpiece_prefix = spec["decoder"].get("prefix", "##")
     # openai-gpt / CLIP: a word-final token carries the model's suffix
     # ("the</w>"), a word boundary the decoder writes as one space
@@ -79,23 +101,29 @@ def _from_tokenizers(tok: Any, special_ids: Iterable[int], size_hint: int) -> I6
         boundary = 0
         if suffix and piece.endswith(suffix):
             piece, boundary = piece[:-len(suffix)], 1
+        if wordpiece_prefix and piece.startswith(wordpiece_prefix):
+            piece = piece[len(wordpiece_prefix):]
         if bd is not None:
             out[i] = sum(1 if ch in bd else _utf8_len(ch) for ch in piece)
         elif byte_fallback and _BYTE_PIECE.match(piece):
             out[i] = 1
         elif spiece:
-            out[i] = _utf8_len(piece.replace(_SPIECE_SPACE, " "))
-        elif wordpiece_prefix and piece.startswith(wordpiece_prefix):
-            out[i] = _utf8_len(piece[len(wordpiece_prefix):])
+            out[i] = _utf8_len(piece.replace(space, " "))
         else:
             out[i] = _utf8_len(piece)
         out[i] += boundary
-    _set_added(out, added)
+    _set_added(out, added, [i for i, t in added.items() if vocab.get(getattr(t, "content", None)) == i])
     # the model's unknown token stands for text it has no piece for: no bytes,
-    # as SentencePiece's, also where it is not an added token (by its text:
-    # a Unigram's unk_id may name a real piece, as transformers' XLM-R
-    # builds it over a vocabulary without fairseq's four tokens first)
+    # as SentencePiece's, also where it is not an added token (BPE's and
+    # WordPiece's by its text; a Unigram's by its unk_id, unless a
+    # transformers tokenizer over it names another unknown token: its XLM-R
+    # built over a vocabulary without fairseq's four tokens first points
+    # unk_id at a real piece)
     unk = vocab.get(model.get("unk_token") or "")
+    unk_id = model.get("unk_id")
+    if (unk is None and model.get("type") == "Unigram" and isinstance(unk_id, int)
+            and wrapper_unk in (None, unk_id)):
+        unk = unk_id
     for i in [*special_ids, *([] if unk is None else [unk])]:
         if 0 <= i < n:
             out[i] = 0
@@ -164,12 +192,20 @@ def _from_byte_ids(tok: Any, size_hint: int) -> I64Array:
     return out
 
 
-def _set_added(out: I64Array, added: Dict[int, Any]) -> None:
+def _set_added(out: I64Array, added: Dict[int, Any], pieces: Iterable[int] = ()) -> None:
     """Added tokens (id: tokenizers' or transformers' ``AddedToken``) into
     out: each matches, and decodes to, its own text, whose bytes it counts;
-    0 when special."""
+    0 when special. pieces: the ids of added tokens that are also the
+    model's piece of their text (SentencePiece's user-defined pieces, as
+    Gemma's whitespace runs "▁▁"), which keep the piece's count: the model
+    emits them for the text the piece stands for (two spaces, not the 6
+    bytes of "▁▁")."""
+    keep = set(pieces)
     for i, t in added.items():
-        out[i] = 0 if getattr(t, "special", False) else _utf8_len(getattr(t, "content", str(t)))
+        if getattr(t, "special", False):
+            out[i] = 0
+        elif i not in keep:
+            out[i] = _utf8_len(getattr(t, "content", str(t)))
 
 
 def _from_tiktoken(enc: Any) -> I64Array:
@@ -220,11 +256,15 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       (GPT-2, Llama 3, Qwen: each character of a token is one byte through the
       inverse of GPT-2's ``bytes_to_unicode``); SentencePiece-style
       vocabularies (Llama 2, Mistral, Gemma: ``<0xAB>`` byte-fallback tokens
-      are one byte, ``▁`` is a space); WordPiece's ``##`` prefix is dropped;
+      are one byte, ``▁``, or Metaspace's own ``replacement``, is a space);
+      the continuation prefix (WordPiece's ``##``, the model's
+      ``continuing_subword_prefix``) is dropped;
       end-of-word suffixes (openai-gpt, CLIP: ``"the</w>"``) are one byte,
       the space the decoder writes for them; any other token counts the
       UTF-8 bytes of its text. Added tokens that are not special count their
-      text.
+      text, but for those that are also the model's piece of that text
+      (Gemma's whitespace runs ``"▁▁"``: two spaces), which count as the
+      piece.
     * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
       wrapping one (``sp_model``).
     * transformers' byte tokenizer (ByT5's): each byte's id is one byte.
@@ -242,8 +282,13 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
     ``WhitespaceSplit``) leaves it in no token: a WordPiece sum is the byte
     length of the text without its whitespace (``"the fox"``: 6), and
     XLM-R's (``WhitespaceSplit``, then ``▁``) counts each run of whitespace
-    as one space; so does an added token with ``lstrip`` or ``rstrip`` for
-    the whitespace it takes. An end-of-word
+    as one space; the whitespace an added token with ``lstrip`` or
+    ``rstrip`` takes is in no token either (``"a <m> b"``: 5). Text the
+    vocabulary has no piece for (a vocabulary without byte fallback) is the
+    unknown token, 0 bytes: the sum falls short of that text's bytes, and
+    bits per byte (nanochat's: tokens of 0 bytes leave both sums) is over
+    the rest of the text, where lm-eval's ``bits_per_byte`` divides the NLL
+    of every token by the whole text's bytes. An end-of-word
     suffix tokenizer drops the whitespace and splits off punctuation: its
     sum is the byte length of the text as it decodes (words and punctuation
     each followed by one space: ``"the fox, jumps. "``), one byte more than
@@ -294,7 +339,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
             special = {int(i) for i in tokenizer.all_special_ids if i is not None}
             size_hint = len(tokenizer)
         if hasattr(tokenizer, "backend_tokenizer"):
-            out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint)
+            out = _from_tokenizers(tokenizer.backend_tokenizer, special, size_hint,
+                                   _integer(getattr(tokenizer, "unk_token_id", None)))
             special = set()  # (zeroed there, but for byte-fallback pieces)
         elif hasattr(tokenizer, "sp_model"):
             out = _from_sentencepiece_wrapper(tokenizer, size_hint)

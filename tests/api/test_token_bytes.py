@@ -129,6 +129,32 @@ def test_unknown_token_of_a_raw_tokenizer_is_zero():
         assert table[enc.ids].sum() == 2
 
 
+def test_unknown_piece_of_a_unigram_model_is_zero():
+    """A Unigram model names its unknown piece by id (unk_id), which
+    UnigramTrainer(unk_token=...) puts in the vocabulary without adding it
+    as a token: it counts no bytes, as BPE's and WordPiece's (each stretch
+    of unknown text counted the 5 bytes of "<unk>"), raw and wrapped."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    tok.decoder = decoders.Metaspace(prepend_scheme="never")
+    tok.train_from_iterator([t for t in CORPUS if t.isascii()], trainers.UnigramTrainer(
+        vocab_size=200, unk_token="<unk>", show_progress=False))
+    unk = tok.token_to_id("<unk>")
+    assert not tok.get_added_tokens_decoder()
+    tables = [lmmetrics.token_bytes(tok)]
+    transformers = pytest.importorskip("transformers")
+    tables.append(lmmetrics.token_bytes(transformers.PreTrainedTokenizerFast(tokenizer_object=tok)))
+    text = "the fox \x00 日本"
+    enc = tok.encode(text)
+    assert enc.ids.count(unk) == 2
+    for table in tables:
+        assert table[unk] == 0
+        assert table[enc.ids].sum() == utf8(text) - utf8("\x00日本")
+
+
 def test_the_decode_recipe_is_wrong_for_byte_level(byte_level):
     """One token at a time, a token holding part of a character decodes to
     U+FFFD: the old README recipe overcounts."""
@@ -202,6 +228,53 @@ def test_byte_fallback_pieces_given_as_special_tokens_are_one_byte():
             ids = tok.encode(text).ids
             assert tok.decode(ids, skip_special_tokens=False) == text
             assert table[ids].sum() == utf8(text), text
+
+
+def test_metaspace_replacement_other_than_the_default():
+    """Metaspace's replacement need not be "▁": a "Ġ" (2 bytes in UTF-8)
+    stands for a space too (it counted 2 bytes a word, not 1)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    for replacement in ("\u0120", "\u2581"):
+        tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=replacement, prepend_scheme="never")
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement=replacement, prepend_scheme="never"),
+                                         decoders.ByteFallback(), decoders.Fuse()])
+        specials = ["<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
+        tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                            show_progress=False))
+        table = lmmetrics.token_bytes(tok)
+        for text in TEXTS:
+            ids = tok.encode(text).ids
+            assert tok.decode(ids, skip_special_tokens=False) == text
+            assert table[ids].sum() == utf8(text), (replacement, text)
+
+
+def test_added_tokens_that_are_pieces_count_as_pieces():
+    """Gemma's tokenizer: SentencePiece's user-defined pieces (whitespace
+    runs "▁▁", "▁▁▁") are pieces of the model and non-special added tokens
+    with the same ids; the model emits them for the spaces the normalizer
+    turned into "▁": a space a byte (each counted the 3 bytes of "▁")."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<bos>": 1, "a": 2, "b": 3, "\u2581": 4, "\u2581\u2581": 5, "\u2581\u2581\u2581": 6,
+             "\n": 7, "<td>": 8}
+    vocab.update({f"<0x{i:02X}>": 9 + i for i in range(256)})
+    tok = tokenizers.Tokenizer(models.BPE(vocab, [("\u2581", "\u2581"), ("\u2581\u2581", "\u2581")],
+                                          unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in ["\u2581\u2581", "\u2581\u2581\u2581",
+                                                                            "\n", "<td>"]])
+    tok.add_special_tokens([AddedToken("<bos>", normalized=False, special=True)])
+    table = lmmetrics.token_bytes(tok)
+    assert table[:9].tolist() == [0, 0, 1, 1, 1, 2, 3, 1, 4]
+    for text in ["a  b", "a   b\nb <td>  a", "ab  \n\n   "]:
+        ids = tok.encode(text).ids
+        assert tok.decode(ids) == text
+        assert table[ids].sum() == utf8(text), text
 
 
 def test_sentencepiece_dummy_prefix_is_one_byte_more():
@@ -308,6 +381,26 @@ def test_wordpiece_counts_no_whitespace():
         assert table[enc.ids].sum() == utf8("".join(text.split()))
         pieces += enc.tokens
     assert any(t.startswith("##") for t in pieces)
+
+
+def test_wordpiece_prefix_without_a_decoder():
+    """A raw WordPiece tokenizer need have no decoder: the "##" of its
+    continuation pieces is the model's (continuing_subword_prefix) and no
+    byte ("quickest" as quick ##e ##s ##t counted 14 bytes, not 8)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    for prefix in ("##", "@@"):
+        tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=prefix))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+            vocab_size=400, special_tokens=["[UNK]"], continuing_subword_prefix=prefix, show_progress=False))
+        assert tok.decoder is None
+        table = lmmetrics.token_bytes(tok)
+        text = "The quickest brown foxes jumped."
+        enc = tok.encode(text)
+        assert any(t.startswith(prefix) for t in enc.tokens) and "[UNK]" not in enc.tokens
+        assert table[enc.ids].sum() == utf8("".join(text.split()))
 
 
 def test_transformers_sentencepiece_added_token_past_a_gap(sp, tmp_path):
