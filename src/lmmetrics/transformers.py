@@ -139,7 +139,9 @@ class TrainerMetrics:
     ``lmmetrics.Metrics.stderr_documents``, one document a sequence:
     usually the larger, and the honest one). ``metrics`` holds the whole
     ``lmmetrics.Metrics`` of the last evaluation (per-sequence values
-    in ``per_document``, in the order the Trainer gathered them).
+    in ``per_document``, whose ``ids`` are the sequences' places in the
+    order the Trainer gathered them; a sequence with no counted token has
+    no entry).
 
     Labels are the Trainer's (Hugging Face's unshifted ``labels``: position
     t is scored against label t + 1), ``-100`` (and any negative label)
@@ -223,6 +225,9 @@ class TrainerMetrics:
         evaluation that stopped before its last batch."""
         self._total: F64Array = np.zeros(self.width)
         self._docs: List[F64Array] = []
+        # each counted sequence's place among the rows added (its id in per_document)
+        self._ids: List[Any] = []
+        self._seen = 0
 
     def hooks(self) -> Dict[str, Callable[..., Any]]:
         """The Trainer's keyword arguments: ``Trainer(..., **tm.hooks())``.
@@ -334,12 +339,14 @@ class TrainerMetrics:
         self._total += rows.sum(axis=0)
         counted = rows[:, self._tokens_column] > 0
         self._docs.append(rows[counted][:, self._doc_columns])
+        self._ids.append(self._seen + np.flatnonzero(counted))
+        self._seen += rows.shape[0]
         if compute_result is False:
             return {}
-        total, docs = self._total, np.concatenate(self._docs)
+        total, docs, ids = self._total, np.concatenate(self._docs), np.concatenate(self._ids)
         self.reset()
         state = _unflat(self._template, total[1:])
-        state["documents"] = {"ids": list(range(docs.shape[0])),
+        state["documents"] = {"ids": ids.tolist(),
                               **{c: docs[:, i].tolist() for i, c in enumerate(COLUMNS)}}
         ev = self._evaluator
         ev.load_state_dict(state)

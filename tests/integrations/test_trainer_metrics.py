@@ -246,6 +246,29 @@ def test_padding_rows_are_dropped_and_the_next_evaluation_starts_afresh():
     assert tm.metrics is not None and tm.metrics.tokens == whole["tokens"] == 15
 
 
+def test_per_sequence_values_keep_each_sequences_place():
+    """per_document.ids is each sequence's place in the gathered order, also
+    when a sequence before it counts no token (a prompt-only sample): it
+    is left out, and the ids after it are not renumbered."""
+    from types import SimpleNamespace
+
+    tm = TrainerMetrics()
+    logits = torch.randn(5, 6, 11, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, 11, (5, 6), generator=torch.Generator().manual_seed(1))
+    labels[1] = -100
+    labels[3, 1:] = -100
+    rows = tm.preprocess_logits_for_metrics(logits, labels).numpy()
+    want = [-torch.log_softmax(logits[i, :-1].double(), -1).gather(-1, labels[i, 1:, None]).mean().item()
+            for i in (0, 2, 4)]
+    for calls in ([(rows, None)], [(rows[:2], False), (np.full((1, tm.width), -100.0), False), (rows[2:], True)]):
+        for part, result in calls:
+            out = tm.compute_metrics(SimpleNamespace(predictions=part), compute_result=result)
+        assert out["sequences"] == 5
+        per = tm.metrics.per_document
+        assert per.ids.tolist() == [0, 2, 4]
+        np.testing.assert_allclose(per.loss, want, rtol=1e-6)
+
+
 def test_rows_are_each_sequence_alone_from_one_pass(monkeypatch):
     """A batch's rows, from one pass over it, are what an Evaluator holds
     after each sequence alone (an ignored sequence, a counted one, a
