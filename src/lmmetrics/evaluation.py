@@ -679,9 +679,11 @@ class Evaluator:
                              f"device, are checked when the sums are read; that batch was not added{also}): "
                              f"{first}") from first
 
+    @_one_at_a_time
     def __getstate__(self) -> Dict[str, Any]:
         """For pickle and copy.deepcopy: the batch not yet added is added
-        first (its results are on the device until then)."""
+        first (its results are on the device until then), once, whichever
+        thread adds it (an update meanwhile waits)."""
         self._drain()
         state = self.__dict__.copy()
         # (errors kept for the next read as plain ValueErrors: a RowError's
