@@ -628,6 +628,7 @@ class Evaluator:
         self._state, self._docs, self._ranks, self._cal, self._own = st, doc_sums, ranks, cal, None
         self._vocab = res.n_cols
 
+    @_one_at_a_time
     def _sequence_states(self, logits: Any, targets: Any) -> List[Dict[str, Any]]:
         """The `state_dict` of each sequence (first axis) of one batch, as
         an Evaluator like this one would hold after that sequence alone:
