@@ -628,6 +628,7 @@ class Evaluator:
         self._state, self._docs, self._ranks, self._cal, self._own = st, doc_sums, ranks, cal, None
         self._vocab = res.n_cols
 
+    @_one_at_a_time
     def _sequence_states(self, logits: Any, targets: Any) -> List[Dict[str, Any]]:
         """The `state_dict` of each sequence (first axis) of one batch, as
         an Evaluator like this one would hold after that sequence alone:
@@ -679,9 +680,11 @@ class Evaluator:
                              f"device, are checked when the sums are read; that batch was not added{also}): "
                              f"{first}") from first
 
+    @_one_at_a_time
     def __getstate__(self) -> Dict[str, Any]:
         """For pickle and copy.deepcopy: the batch not yet added is added
-        first (its results are on the device until then)."""
+        first (its results are on the device until then), once, whichever
+        thread adds it (an update meanwhile waits)."""
         self._drain()
         state = self.__dict__.copy()
         # (errors kept for the next read as plain ValueErrors: a RowError's

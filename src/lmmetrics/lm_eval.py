@@ -83,6 +83,10 @@ class LazyHFLM(HFLM):
     an offloaded head) are computed by ``HFLM`` itself, after a one-line
     warning saying why.
 
+    As ``HFLM``, one instance serves one thread at a time: while
+    ``batch_size="auto"`` probes the largest batch, its forward calls return
+    a stand-in for the logits (a call of another thread then scores that).
+
     Examples
     --------
     >>> import lmmetrics.lm_eval, lm_eval.api.registry

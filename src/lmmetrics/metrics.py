@@ -18,6 +18,7 @@ detached, and no gradient flows to the results.
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
@@ -103,7 +104,7 @@ class Deferred:
     (10.0, torch.float64)
     """
 
-    __slots__ = ("_res", "_host", "_device", "_value", "_error", "_there")
+    __slots__ = ("_res", "_host", "_device", "_value", "_error", "_there", "_lock")
 
     def __init__(self, res: _engine.RowResults, host: Callable[[float, int], float],
                  device: Callable[[Any, Any], Any]) -> None:
@@ -113,19 +114,22 @@ class Deferred:
         self._value: Optional[float] = None
         self._error: Optional[BaseException] = None
         self._there: Optional[torch.Tensor] = None  # the value on the device, once asked
+        # (threads reading at once: one completes the pass, filling its results, the others wait for its value)
+        self._lock = threading.Lock()
 
     def result(self) -> float:
         """The value: waits for the device once; raises the call's error."""
-        if self._error is not None:
-            raise self._error.with_traceback(None)  # (this read's traceback, none kept)
-        if self._value is None:
-            try:
-                res = self._res.finish()
-            except Exception as e:  # (kept, and the pass let go: its logits with it, and e's frames)
-                self._error, self._res.pending = _engine.let_go(e), None
-                raise self._error
-            self._value = self._host(res.nll_sum, res.n_counted)
-        return self._value
+        with self._lock:
+            if self._error is not None:
+                raise self._error.with_traceback(None)  # (this read's traceback, none kept)
+            if self._value is None:
+                try:
+                    res = self._res.finish()
+                except Exception as e:  # (kept, and the pass let go: its logits with it, and e's frames)
+                    self._error, self._res.pending = _engine.let_go(e), None
+                    raise self._error
+                self._value = self._host(res.nll_sum, res.n_counted)
+            return self._value
 
     __float__ = result
     item = result
@@ -151,6 +155,15 @@ class Deferred:
 
         held: torch.Tensor = torch.tensor(self.result(), dtype=torch.float64, device=self._res.device)
         return held
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """For copy and deepcopy: a copy has a lock of its own."""
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_lock"}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         if self._error is not None:

@@ -12,7 +12,9 @@ Arguments shared with ``torchmetrics.text.Perplexity`` mean the same
 (``ignore_index``, default None); negative targets are always ignored, and
 ``shift=True`` takes unshifted Hugging Face labels. Each update reads the
 logits once (CPU tensors in place, CUDA tensors on their device) and lets no
-gradient flow: these are metrics, not a loss.
+gradient flow: these are metrics, not a loss. Several threads may use one
+metric: each call holds its lock, so every batch is added once and a read
+sees whole batches.
 
 Needs torchmetrics; ``import lmmetrics`` alone does not import this module
 (nor torch).
@@ -20,7 +22,9 @@ Needs torchmetrics; ``import lmmetrics`` alone does not import this module
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import threading
 from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Dict, ItemsView, Iterator, KeysView, Optional, Sequence, Tuple, ValuesView, cast
 
@@ -28,7 +32,8 @@ import torch
 from torch.nn import Module, ModuleDict
 from torchmetrics import Metric
 
-from .evaluation import Evaluator, Metrics, _differing, _digest, _raise_where_failed, state_from_floats
+from .evaluation import (Evaluator, Metrics, _differing, _digest, _one_at_a_time, _raise_where_failed,
+                         state_from_floats)
 
 # what can be logged: the keys of Metrics.as_dict() without document_ids
 _BASE = tuple(f.name for f in dataclass_fields(Metrics))[:12]  # tokens .. same_top
@@ -67,6 +72,30 @@ class _EvaluatorMetric(Metric):
         meaning = _digest(repr((type(self).__name__, sorted(said.items()), shift)).encode()) % 2**52
         self.add_state("settings", default=torch.tensor(float(meaning), dtype=torch.float64), dist_reduce_fx="max")
 
+    # Several threads may use one metric (update, forward, compute, reset,
+    # state_dict, merge_state, pickling): each call runs while it holds
+    # the Evaluator's lock, so that a batch is added once and a read sees
+    # whole batches, as torchmetrics' own metrics of tensor states give.
+    @property
+    def _lock(self) -> threading.RLock:  # (`_one_at_a_time`)
+        return self._evaluator._lock
+
+    def _wrap_update(self, update: Callable[..., Any]) -> Callable[..., Any]:
+        """torchmetrics' update (its count of updates included), holding the lock."""
+        return self._locked(super()._wrap_update(update))
+
+    def _wrap_compute(self, compute: Callable[..., Any]) -> Callable[..., Any]:
+        """torchmetrics' compute (its cached value included), holding the lock."""
+        return self._locked(super()._wrap_compute(compute))
+
+    def _locked(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return method(*args, **kwargs)
+        return locked
+
+    @_one_at_a_time
     def _apply(self, fn: Callable[..., Any], exclude_state: Any = "") -> Module:
         """Move the states with the metric (``.to(device)``, ``.cuda()``) but
         keep them, and the cached results, float64 under ``.to(dtype)``: the
@@ -109,6 +138,7 @@ class _EvaluatorMetric(Metric):
         # a MetricCollection compares the states then, to group metrics)
         self._fold(settle=self._update_count <= 1)
 
+    @_one_at_a_time
     def _fold(self, settle: bool = True) -> None:
         """Move the Evaluator's sums into the states; with settle, first add
         the batch not yet added (its pass on a device waited for) and raise
@@ -127,6 +157,7 @@ class _EvaluatorMetric(Metric):
         if error is not None:
             raise error
 
+    @_one_at_a_time
     def sync(self, dist_sync_fn: Optional[Callable[..., Any]] = None, process_group: Any = None,
              should_sync: bool = True, distributed_available: Optional[Callable[[], bool]] = None) -> None:
         """torchmetrics' sync of the states across ranks, once every batch is
@@ -166,6 +197,7 @@ class _EvaluatorMetric(Metric):
             raise failed
         super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
 
+    @_one_at_a_time
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The batch's value, accumulated (torchmetrics' forward), once the
         batches before it are in the states. A batch that fails (NaN logits)
@@ -193,6 +225,13 @@ class _EvaluatorMetric(Metric):
         A dict without ``settings`` (saved before it existed) is taken as
         this metric's. The next ``compute`` gives the merged value (torchmetrics
         keeps the value computed before the merge)."""
+        # (both metrics' locks, taken in one order whichever merges which: an update of either waits)
+        theirs = incoming_state._lock if isinstance(incoming_state, _EvaluatorMetric) else self._lock
+        first, second = sorted((self._lock, theirs), key=id)
+        with first, second:
+            self._merge_state(incoming_state)
+
+    def _merge_state(self, incoming_state: Any) -> None:
         self._fold()
         if isinstance(incoming_state, _EvaluatorMetric):
             incoming_state._fold()
@@ -211,11 +250,13 @@ class _EvaluatorMetric(Metric):
         super().merge_state(incoming_state)
         self._computed = None  # (torchmetrics' cached compute: the value before the merge)
 
+    @_one_at_a_time
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The module's state dict, once every batch is in the states."""
         self._fold()
         return super().state_dict(*args, **kwargs)
 
+    @_one_at_a_time
     def reset(self) -> None:
         """Start over (a batch not yet added included: dropped first, not
         waited for)."""
@@ -233,6 +274,7 @@ class _EvaluatorMetric(Metric):
     def _move_list_states_to_cpu(self) -> None:
         """Nothing (``compute_on_cpu``): the states are 0-d tensors, none a list."""
 
+    @_one_at_a_time
     def __getstate__(self) -> Dict[str, Any]:
         """torchmetrics' pickling (and copying), a batch left to wait added
         to the states first (its error kept for the next read)."""
@@ -256,6 +298,7 @@ class _EvaluatorMetric(Metric):
         would share its batch left to wait)."""
         return copy.deepcopy(self)
 
+    @_one_at_a_time
     def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """torchmetrics' loading of the states; a batch left to wait is
         dropped when they are loaded (it would be added on top of them), not

@@ -150,7 +150,10 @@ class TrainerMetrics:
     ``shift=False``. Works with ``batch_eval_metrics=True`` (the rows are added
     up batch by batch, reported at the last one), with
     ``eval_accumulation_steps``, with ``eval_do_concat_batches=False`` and
-    on several ranks (DDP).
+    on several ranks (DDP). Several threads may call the hooks of one
+    TrainerMetrics (each call holds its lock); with ``batch_eval_metrics``
+    the rows added up are those of one evaluation, so two evaluations at
+    once take a TrainerMetrics each.
 
     Parameters
     ----------
@@ -223,11 +226,12 @@ class TrainerMetrics:
         """Forget the rows added so far (``batch_eval_metrics``): the next
         evaluation starts afresh. Done after each result; call it after an
         evaluation that stopped before its last batch."""
-        self._total: F64Array = np.zeros(self.width)
-        self._docs: List[F64Array] = []
-        # each counted sequence's place among the rows added (its id in per_document)
-        self._ids: List[Any] = []
-        self._seen = 0
+        with self._evaluator._lock:
+            self._total: F64Array = np.zeros(self.width)
+            self._docs: List[F64Array] = []
+            # each counted sequence's place among the rows added (its id in per_document)
+            self._ids: List[Any] = []
+            self._seen = 0
 
     def hooks(self) -> Dict[str, Callable[..., Any]]:
         """The Trainer's keyword arguments: ``Trainer(..., **tm.hooks())``.
@@ -334,6 +338,10 @@ class TrainerMetrics:
             ``loss``, which would replace the Trainer's ``eval_loss``.
         """
         rows = self._rows(eval_pred.predictions)
+        with self._evaluator._lock:  # (threads: the rows of one call added, and its result made, at a time)
+            return self._add_rows(rows, compute_result)
+
+    def _add_rows(self, rows: F64Array, compute_result: Optional[bool]) -> Dict[str, float]:
         if compute_result is None:
             self.reset()
         self._total += rows.sum(axis=0)

@@ -6,9 +6,12 @@ bitwise identical to the one computed serially beforehand.
 its own rotated order), with its own num_threads, on inputs shared by all
 threads and on inputs of its own.
 """
+import copy
 import math
+import pickle
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -207,3 +210,50 @@ def test_merges_while_the_merged_evaluator_is_updated_count_every_batch_once():
         want.update(z, t)
     assert a.compute().tokens == b.compute().tokens == 1200
     assert a.compute().loss == pytest.approx(want.compute().loss, rel=1e-12)
+
+
+def test_copies_while_an_update_waits_on_a_device_add_its_batch_once(monkeypatch):
+    # an Evaluator of CUDA tensors (here CPU tensors routed through that
+    # path) keeps one batch not yet added; a deepcopy or a pickle adds it
+    # first, and one taken while another thread was adding it added it a
+    # second time (both saw it waiting; adding it is slowed down here)
+    from lmmetrics._engine import inputs as _inputs
+
+    monkeypatch.setattr(_inputs, "is_cuda", lambda x: isinstance(x, torch.Tensor))
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    take = lmmetrics.Evaluator._take
+    monkeypatch.setattr(lmmetrics.Evaluator, "_take", lambda *a: time.sleep(0.002) or take(*a))
+    rng = np.random.default_rng(5)
+    batches = [(torch.from_numpy(rng.standard_normal((3, 9)).astype(np.float32)),
+                torch.from_numpy(rng.integers(0, 9, 3))) for _ in range(60)]
+    ev = lmmetrics.Evaluator()
+    done = threading.Event()
+    errors = []
+    seen = []
+
+    def update():
+        try:
+            for z, t in batches:
+                ev.update(z, t)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"update: {type(e).__name__}: {e}")
+        finally:
+            done.set()
+
+    def copy_it():
+        try:
+            while not done.is_set():
+                seen.append(copy.deepcopy(ev).compute().tokens)
+                seen.append(pickle.loads(pickle.dumps(ev)).compute().tokens)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"copy: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=f) for f in (update, copy_it, copy_it)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "a copy hung"
+    assert not errors, "\n".join(errors[:20])
+    assert ev.compute().tokens == 180
+    assert seen and all(n % 3 == 0 and n <= 180 for n in seen)

@@ -6,6 +6,7 @@ against the native core; the tests marked ``cuda`` run on a real GPU when
 there is one.
 """
 import math
+import time
 
 import numpy as np
 import pytest
@@ -1218,6 +1219,50 @@ def test_a_deferred_dropped_unread_frees_its_pass(dev):
             assert float(value) == pytest.approx(lmmetrics.cross_entropy(z, t, shift=shift), rel=1e-12)
     finally:
         gc.enable()
+
+
+def test_a_deferred_read_from_two_threads_at_once(dev, monkeypatch):
+    """float(d) from two threads at once: one completes the pass, the other
+    waits for its value. Both filled the same results: the second's fast
+    values (NaN for a row of +inf logits) overwrote the first's exact ones
+    after the first redid that row, and the first read NaN (here the
+    second thread is let in between the two, where it could come in)."""
+    import threading
+
+    monkeypatch.setenv("LMMETRICS_TRITON", "0")
+    z, _, t = _data(dev, shape=(3, 11))
+    z[0, 2] = 0.0
+    z[0, 2, 3] = math.inf
+    t[0, 2] = 3
+    want = lmmetrics.cross_entropy(z, t)
+    assert math.isfinite(want)
+    exact = _cuda.exact_rows
+    second_in = threading.Event()
+    calls = []
+
+    def exact_rows(*a):
+        calls.append(1)
+        if len(calls) == 1:  # the first thread: its row redone, then the second thread's fast values
+            exact(*a)
+            second_in.wait(timeout=1.0)
+        else:
+            second_in.set()
+            time.sleep(0.3)
+            exact(*a)
+
+    monkeypatch.setattr(_cuda, "exact_rows", exact_rows)
+    d = lmmetrics.cross_entropy(z, t, sync=False)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(float(d))) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert got == [want, want] and float(d) == want, (got, want)
+    assert len(calls) == 1  # (the pass completed once)
+    import copy
+
+    assert float(copy.deepcopy(d)) == float(copy.copy(d)) == want  # (a copy has a lock of its own)
 
 
 def test_sync_as_a_bool_variable_has_an_overload():

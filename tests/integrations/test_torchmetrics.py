@@ -462,3 +462,64 @@ def test_bits_per_byte_needs_its_table_when_made():
     compute (in Lightning, at the end of the epoch), naming an Evaluator."""
     with pytest.raises(TypeError, match="BitsPerByte needs token_bytes"):
         BitsPerByte(None)
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric:UserWarning")  # (a read before any update)
+def test_one_metric_used_from_several_threads_adds_every_batch_once():
+    """Threads updating one metric (update and forward) while others read it
+    (compute, metric_state, deepcopy, pickle): each call runs while it holds
+    the metric's lock, so every batch is added once and a read sees whole
+    batches, as torchmetrics' own Perplexity gives; the update moved the
+    Evaluator's sums into the states in two steps, and a batch another
+    thread added between them was lost."""
+    import copy
+    import pickle
+    import threading
+
+    data = [(torch.from_numpy(z), torch.from_numpy(t)) for z, t in (
+        (np.random.default_rng(k).standard_normal((2, 3, 9)).astype(np.float32),
+         np.random.default_rng(k).integers(0, 9, (2, 3))) for k in range(240))]
+    for make in (Perplexity, lambda: LanguageModelMetrics(token_bytes=torch.arange(1, 10))):
+        serial, shared = make(), make()
+        for z, t in data:
+            serial.update(z, t)
+        errors = []
+        barrier = threading.Barrier(6)
+
+        def update(k):
+            try:
+                barrier.wait()
+                for i, (z, t) in enumerate(data[k::4]):
+                    shared(z, t) if i % 3 == 0 else shared.update(z, t)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(f"update: {type(e).__name__}: {e}")
+
+        def read(k):
+            try:
+                barrier.wait()
+                for _ in range(20):
+                    shared.compute()
+                    for tokens in (shared.metric_state["tokens"], copy.deepcopy(shared).tokens,
+                                   pickle.loads(pickle.dumps(shared)).tokens):
+                        assert float(tokens) % 6 == 0, float(tokens)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(f"read: {type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=update, args=(k,)) for k in range(4)] + \
+            [threading.Thread(target=read, args=(k,)) for k in range(2)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)   # (threads switch between any two lines)
+        try:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(timeout=120)
+        finally:
+            sys.setswitchinterval(interval)
+        assert not any(th.is_alive() for th in threads), "a thread hung"
+        assert not errors, "\n".join(errors[:10])
+        got, want = shared.compute(), serial.compute()
+        assert float(shared.tokens) == 240 * 6
+        for k, v in (want.items() if isinstance(want, dict) else [("perplexity", want)]):
+            w = got[k] if isinstance(got, dict) else got
+            assert float(w) == pytest.approx(float(v), rel=1e-12, abs=1e-15), k

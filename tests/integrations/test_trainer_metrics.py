@@ -269,6 +269,46 @@ def test_per_sequence_values_keep_each_sequences_place():
         np.testing.assert_allclose(per.loss, want, rtol=1e-6)
 
 
+def test_hooks_called_from_several_threads_at_once():
+    """One TrainerMetrics whose hooks several threads call at once: each
+    call holds its Evaluator's lock. The rows of a batch were made in the
+    Evaluator's sums, cleared before each sequence, and a sequence of
+    another thread's batch was summed into them (no error, wrong rows)."""
+    import threading
+    from types import SimpleNamespace
+
+    tm = TrainerMetrics(top_k=2, calibration_bins=5)
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randn(3, 6, 20, generator=g), torch.randint(0, 20, (3, 6), generator=g)) for _ in range(120)]
+    want = [tm.preprocess_logits_for_metrics(z, t) for z, t in data]
+    whole = [tm.compute_metrics(SimpleNamespace(predictions=r.numpy())) for r in want]
+    rows = [None] * len(data)
+    results = [None] * len(data)
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(k, len(data), 4):
+                rows[i] = tm.preprocess_logits_for_metrics(*data[i])
+                results[i] = tm.compute_metrics(SimpleNamespace(predictions=rows[i].numpy()))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # (threads switch between any two lines)
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(th.is_alive() for th in threads) and not errors, errors[:5]
+    assert [i for i in range(len(data)) if not torch.equal(rows[i], want[i])] == []
+    assert [i for i in range(len(data)) if results[i] != whole[i]] == []
+
+
 def test_rows_are_each_sequence_alone_from_one_pass(monkeypatch):
     """A batch's rows, from one pass over it, are what an Evaluator holds
     after each sequence alone (an ignored sequence, a counted one, a
