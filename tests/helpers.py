@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -134,6 +135,35 @@ rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=30))
 """
+
+
+def run_threads(*targets, switch=False, timeout=120):
+    """Run each callable on its own thread, started together (a barrier);
+    fail naming what any raised, or that one hung. With switch, threads
+    switch between any two lines of Python (races show up)."""
+    barrier = threading.Barrier(len(targets))
+    errors = []
+
+    def run(k, f):
+        try:
+            barrier.wait()
+            f()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {k}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run, args=(k, f)) for k, f in enumerate(targets)]
+    interval = sys.getswitchinterval()
+    if switch:
+        sys.setswitchinterval(1e-6)
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=timeout)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+    assert not errors, "\n".join(errors[:20])
 
 
 def run_gloo_workers(source, tmp_path, world=2, timeout=120):

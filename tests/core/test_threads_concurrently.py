@@ -7,9 +7,9 @@ its own rotated order), with its own num_threads, on inputs shared by all
 threads and on inputs of its own.
 """
 import copy
+import functools
 import math
 import pickle
-import sys
 import threading
 import time
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import lmmetrics
-from helpers import BF16
+from helpers import BF16, run_threads
 
 torch = pytest.importorskip("torch")
 
@@ -82,33 +82,23 @@ def test_threads_calling_at_once_match_serial():
     # sanity: the serial results are numbers, not NaN
     assert all(not math.isnan(f(1)) for name, f in shared_jobs if name.startswith("ce-"))
 
-    barrier = threading.Barrier(N_THREADS)
-    errors = []
+    mismatches = []
     done = [0] * N_THREADS
 
     def worker(k):
-        try:
-            barrier.wait()
-            jobs = [(j, True) for j in shared_jobs] + [(j, False) for j in own_jobs[k]]
-            for rnd in range(ROUNDS):
-                nt = 1 + (k + rnd) % 4  # 1..4 OpenMP threads, changing per round
-                rot = (k * 3 + rnd) % len(jobs)
-                for (name, f), is_shared in jobs[rot:] + jobs[:rot]:
-                    got = _bits(f(nt))
-                    want = (want_shared if is_shared else want_own[k])[name]
-                    if got != want:
-                        errors.append(f"thread {k} round {rnd} {name} num_threads={nt}: differs from serial")
-                    done[k] += 1
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"thread {k}: {type(e).__name__}: {e}")
+        jobs = [(j, True) for j in shared_jobs] + [(j, False) for j in own_jobs[k]]
+        for rnd in range(ROUNDS):
+            nt = 1 + (k + rnd) % 4  # 1..4 OpenMP threads, changing per round
+            rot = (k * 3 + rnd) % len(jobs)
+            for (name, f), is_shared in jobs[rot:] + jobs[:rot]:
+                got = _bits(f(nt))
+                want = (want_shared if is_shared else want_own[k])[name]
+                if got != want:
+                    mismatches.append(f"thread {k} round {rnd} {name} num_threads={nt}: differs from serial")
+                done[k] += 1
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(N_THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-    assert not any(th.is_alive() for th in threads), "a thread hung"
-    assert not errors, "\n".join(errors[:20])
+    run_threads(*[functools.partial(worker, k) for k in range(N_THREADS)])
+    assert not mismatches, "\n".join(mismatches[:20])
     assert done == [ROUNDS * (len(shared_jobs) + len(own_jobs[k])) for k in range(N_THREADS)]
 
 
@@ -125,26 +115,14 @@ def test_one_evaluator_updated_from_many_threads_adds_every_batch():
         serial.update(z, t, document_ids=d, reference_logits=z[::-1].copy())
     want = serial.compute()
     shared = lmmetrics.Evaluator(**kw)
-    barrier = threading.Barrier(N_THREADS)
-    errors = []
 
     def worker(k):
-        try:
-            barrier.wait()
-            for z, t, d in batches[k::N_THREADS]:
-                shared.update(z, t, document_ids=d, reference_logits=z[::-1].copy())
-                if d == 0:
-                    shared.compute()   # reads in between see whole batches
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"thread {k}: {type(e).__name__}: {e}")
+        for z, t, d in batches[k::N_THREADS]:
+            shared.update(z, t, document_ids=d, reference_logits=z[::-1].copy())
+            if d == 0:
+                shared.compute()   # reads in between see whole batches
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(N_THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-    assert not any(th.is_alive() for th in threads), "a thread hung"
-    assert not errors, "\n".join(errors[:20])
+    run_threads(*[functools.partial(worker, k) for k in range(N_THREADS)])
     got = shared.compute()
     assert got.tokens == want.tokens == 4800
     for k, v in want.as_dict().items():
@@ -163,15 +141,6 @@ def test_merges_while_the_merged_evaluator_is_updated_count_every_batch_once():
     batches = [((rng.standard_normal((2, 7)) * 2).astype(np.float32), rng.integers(0, 7, 2)) for _ in range(600)]
     kw = dict(calibration_bins=10)
     a, b, c = lmmetrics.Evaluator(**kw), lmmetrics.Evaluator(**kw), lmmetrics.Evaluator(**kw)
-    barrier = threading.Barrier(3)
-    errors = []
-
-    def run(fn):
-        try:
-            barrier.wait()
-            fn()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"{type(e).__name__}: {e}")
 
     def update_b():
         for z, t in batches:
@@ -191,18 +160,8 @@ def test_merges_while_the_merged_evaluator_is_updated_count_every_batch_once():
             b_snapshot = lmmetrics.Evaluator(**kw).merge(c)
             assert b_snapshot.compute().tokens == c.compute().tokens
 
-    threads = [threading.Thread(target=run, args=(f,)) for f in (update_b, merge_into_a, merge_into_c)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)   # (threads switch between any two lines: a merge reads mid-update)
-    try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=120)
-    finally:
-        sys.setswitchinterval(interval)
-    assert not any(th.is_alive() for th in threads), "a merge hung"
-    assert not errors, "\n".join(errors[:20])
+    # (threads switch between any two lines: a merge reads mid-update)
+    run_threads(update_b, merge_into_a, merge_into_c, switch=True)
     a.reset()
     a.merge(b)
     want = lmmetrics.Evaluator(**kw)
@@ -228,32 +187,20 @@ def test_copies_while_an_update_waits_on_a_device_add_its_batch_once(monkeypatch
                 torch.from_numpy(rng.integers(0, 9, 3))) for _ in range(60)]
     ev = lmmetrics.Evaluator()
     done = threading.Event()
-    errors = []
     seen = []
 
     def update():
         try:
             for z, t in batches:
                 ev.update(z, t)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"update: {type(e).__name__}: {e}")
         finally:
             done.set()
 
     def copy_it():
-        try:
-            while not done.is_set():
-                seen.append(copy.deepcopy(ev).compute().tokens)
-                seen.append(pickle.loads(pickle.dumps(ev)).compute().tokens)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"copy: {type(e).__name__}: {e}")
+        while not done.is_set():
+            seen.append(copy.deepcopy(ev).compute().tokens)
+            seen.append(pickle.loads(pickle.dumps(ev)).compute().tokens)
 
-    threads = [threading.Thread(target=f) for f in (update, copy_it, copy_it)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=120)
-    assert not any(th.is_alive() for th in threads), "a copy hung"
-    assert not errors, "\n".join(errors[:20])
+    run_threads(update, copy_it, copy_it)
     assert ev.compute().tokens == 180
     assert seen and all(n % 3 == 0 and n <= 180 for n in seen)

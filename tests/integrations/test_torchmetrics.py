@@ -18,7 +18,7 @@ from torchmetrics.text import Perplexity as TMPerplexity  # noqa: E402
 
 import lmmetrics  # noqa: E402
 from lmmetrics.torchmetrics import BitsPerByte, LanguageModelMetrics, Perplexity  # noqa: E402
-from helpers import ROUTED_GLOO_WORKER, run_gloo_workers  # noqa: E402
+from helpers import ROUTED_GLOO_WORKER, run_gloo_workers, run_threads  # noqa: E402
 from test_distributed import nanochat_bpb  # noqa: E402
 
 V = 211
@@ -473,8 +473,8 @@ def test_one_metric_used_from_several_threads_adds_every_batch_once():
     Evaluator's sums into the states in two steps, and a batch another
     thread added between them was lost."""
     import copy
+    import functools
     import pickle
-    import threading
 
     data = [(torch.from_numpy(z), torch.from_numpy(t)) for z, t in (
         (np.random.default_rng(k).standard_normal((2, 3, 9)).astype(np.float32),
@@ -483,41 +483,20 @@ def test_one_metric_used_from_several_threads_adds_every_batch_once():
         serial, shared = make(), make()
         for z, t in data:
             serial.update(z, t)
-        errors = []
-        barrier = threading.Barrier(6)
 
         def update(k):
-            try:
-                barrier.wait()
-                for i, (z, t) in enumerate(data[k::4]):
-                    shared(z, t) if i % 3 == 0 else shared.update(z, t)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(f"update: {type(e).__name__}: {e}")
+            for i, (z, t) in enumerate(data[k::4]):
+                shared(z, t) if i % 3 == 0 else shared.update(z, t)
 
-        def read(k):
-            try:
-                barrier.wait()
-                for _ in range(20):
-                    shared.compute()
-                    for tokens in (shared.metric_state["tokens"], copy.deepcopy(shared).tokens,
-                                   pickle.loads(pickle.dumps(shared)).tokens):
-                        assert float(tokens) % 6 == 0, float(tokens)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(f"read: {type(e).__name__}: {e}")
+        def read():
+            for _ in range(20):
+                shared.compute()
+                for tokens in (shared.metric_state["tokens"], copy.deepcopy(shared).tokens,
+                               pickle.loads(pickle.dumps(shared)).tokens):
+                    assert float(tokens) % 6 == 0, float(tokens)
 
-        threads = [threading.Thread(target=update, args=(k,)) for k in range(4)] + \
-            [threading.Thread(target=read, args=(k,)) for k in range(2)]
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)   # (threads switch between any two lines)
-        try:
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join(timeout=120)
-        finally:
-            sys.setswitchinterval(interval)
-        assert not any(th.is_alive() for th in threads), "a thread hung"
-        assert not errors, "\n".join(errors[:10])
+        # (threads switch between any two lines)
+        run_threads(*[functools.partial(update, k) for k in range(4)], read, read, switch=True)
         got, want = shared.compute(), serial.compute()
         assert float(shared.tokens) == 240 * 6
         for k, v in (want.items() if isinstance(want, dict) else [("perplexity", want)]):

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import lmmetrics  # noqa: E402
 from lmmetrics.transformers import TrainerMetrics  # noqa: E402
+from helpers import run_threads  # noqa: E402
 
 V = 300
 LENGTHS = [9, 40, 5, 23, 17, 31, 12]     # 7 sequences: batches of 2 leave one over (and a repeat on 2 ranks)
@@ -274,7 +275,7 @@ def test_hooks_called_from_several_threads_at_once():
     call holds its Evaluator's lock. The rows of a batch were made in the
     Evaluator's sums, cleared before each sequence, and a sequence of
     another thread's batch was summed into them (no error, wrong rows)."""
-    import threading
+    import functools
     from types import SimpleNamespace
 
     tm = TrainerMetrics(top_k=2, calibration_bins=5)
@@ -284,27 +285,14 @@ def test_hooks_called_from_several_threads_at_once():
     whole = [tm.compute_metrics(SimpleNamespace(predictions=r.numpy())) for r in want]
     rows = [None] * len(data)
     results = [None] * len(data)
-    errors = []
 
     def work(k):
-        try:
-            for i in range(k, len(data), 4):
-                rows[i] = tm.preprocess_logits_for_metrics(*data[i])
-                results[i] = tm.compute_metrics(SimpleNamespace(predictions=rows[i].numpy()))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(f"{type(e).__name__}: {e}")
+        for i in range(k, len(data), 4):
+            rows[i] = tm.preprocess_logits_for_metrics(*data[i])
+            results[i] = tm.compute_metrics(SimpleNamespace(predictions=rows[i].numpy()))
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)   # (threads switch between any two lines)
-    try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=120)
-    finally:
-        sys.setswitchinterval(interval)
-    assert not any(th.is_alive() for th in threads) and not errors, errors[:5]
+    # (threads switch between any two lines)
+    run_threads(*[functools.partial(work, k) for k in range(4)], switch=True)
     assert [i for i in range(len(data)) if not torch.equal(rows[i], want[i])] == []
     assert [i for i in range(len(data)) if results[i] != whole[i]] == []
 
