@@ -390,3 +390,38 @@ def test_one_sequence_a_4d_mask_and_a_length_rule():
     if sys.version_info >= (3, 11):
         assert "check_positions= a length it accepts" in e.value.__notes__[0]
     _same_metrics(c, ids, check_positions=16)
+
+
+class _InPlace(T.LlamaForCausalLM):
+    """A model that changes its head's output in place: divided by the
+    config's logits_scaling (as Granite does, but with div_), or (mask=True)
+    a few vocabulary columns set to the dtype's lowest value (Chameleon's
+    image tokens)."""
+
+    mask = False
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if self.mask:
+            out.logits[:, :, :10] = torch.finfo(out.logits.dtype).min
+        else:
+            out.logits.div_(self.config.logits_scaling)
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_head_output_changed_in_place(dtype):
+    """The check compares the head's output as the head made it, not the
+    model's logits after the model changed that tensor in place: a factor
+    the config names, applied with div_, is found (it was refused as a
+    head that is not its weight, the message for a LoRA adapter), and
+    Chameleon's in-place column mask is refused as a transform lmmetrics
+    does not know."""
+    torch.manual_seed(0)
+    m = _InPlace(T.LlamaConfig(**COMMON, logits_scaling=3.84)).eval()
+    m, ids = _bf16(m)
+    m = m.to(dtype)
+    assert _same_metrics(m, ids).divisor == 3.84
+    m.mask = True
+    with pytest.raises(ValueError, match="_InPlace transforms its head's output in a way lmmetrics does not know"):
+        lmmetrics.model_logits(m, ids)

@@ -367,7 +367,10 @@ def _run(model: Any, head: Any, ids: Any, mask: Any, stop: bool = False, replace
             raise _HeadReached
 
     def after(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
-        seen.append(output)
+        # (a copy: the model may change its head's output in place, as
+        # Chameleon masks its image tokens' columns; the check compares
+        # the head's output as the head made it)
+        seen.append(output.detach().clone() if isinstance(output, torch.Tensor) else output)
         return None if replace is None else replace(output)
 
     hooks = [head.register_forward_pre_hook(before, with_kwargs=True)]
