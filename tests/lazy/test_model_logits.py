@@ -390,3 +390,86 @@ def test_one_sequence_a_4d_mask_and_a_length_rule():
     if sys.version_info >= (3, 11):
         assert "check_positions= a length it accepts" in e.value.__notes__[0]
     _same_metrics(c, ids, check_positions=16)
+
+
+class _InPlace(T.LlamaForCausalLM):
+    """A model that changes its head's output in place: divided by the
+    config's logits_scaling (as Granite does, but with div_), or (mask=True)
+    a few vocabulary columns set to the dtype's lowest value (Chameleon's
+    image tokens)."""
+
+    mask = False
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if self.mask:
+            out.logits[:, :, :10] = torch.finfo(out.logits.dtype).min
+        else:
+            out.logits.div_(self.config.logits_scaling)
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_head_output_changed_in_place(dtype):
+    """The check compares the head's output as the head made it, not the
+    model's logits after the model changed that tensor in place: a factor
+    the config names, applied with div_, is found (it was refused as a
+    head that is not its weight, the message for a LoRA adapter), and
+    Chameleon's in-place column mask is refused as a transform lmmetrics
+    does not know."""
+    torch.manual_seed(0)
+    m = _InPlace(T.LlamaConfig(**COMMON, logits_scaling=3.84)).eval()
+    m, ids = _bf16(m)
+    m = m.to(dtype)
+    assert _same_metrics(m, ids).divisor == 3.84
+    m.mask = True
+    with pytest.raises(ValueError, match="_InPlace transforms its head's output in a way lmmetrics does not know"):
+        lmmetrics.model_logits(m, ids)
+
+
+SMALL = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2)
+
+
+def _unusual_heads():
+    """Heads that do more than lm_head(hidden), and what model_logits must
+    find (a factor, a cap, a float32 upcast; None: refused)."""
+    yield "beam-upcast-cap", lambda: T.BeamForCausalLM(T.BeamConfig(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, head_dim=8, final_logit_softcapping=5.0)), \
+        ("float32", None, 5.0)
+    yield "falcon_h1-multiplier", lambda: T.FalconH1ForCausalLM(T.FalconH1Config(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4,
+        mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16, lm_head_multiplier=0.6)), \
+        (None, 0.6, None)
+    # (MiniCPM3's logits_scaling divides the hidden states before the head: no factor after it)
+    yield "minicpm3-before-head", lambda: T.MiniCPM3ForCausalLM(T.MiniCPM3Config(
+        **SMALL, intermediate_size=64, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8, dim_model_base=8)), (None, 1.0, None)
+    yield "hyperclovax-multiplies", lambda: T.HyperCLOVAXForCausalLM(T.HyperCLOVAXConfig(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, logits_scaling=3.84)), (None, 3.84, None)
+    # (Dory's head scales each token's logit by a learned factor: refused)
+    yield "dory-per-token-scale", lambda: T.DoryForCausalLM(T.DoryConfig(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, head_dim=8)), None
+
+
+@pytest.mark.parametrize("name", [n for n, _, _ in _unusual_heads()])
+def test_unusual_heads_against_the_models_own_logits_and_loss(name):
+    """Each head reproduced to the bit of the model's logits in bfloat16,
+    and cross_entropy equals the model's own loss; or refused."""
+    build, want = {n: (b, w) for n, b, w in _unusual_heads()}[name]
+    torch.manual_seed(0)
+    m, ids = _bf16(build().eval(), top=12.0)
+    if name.startswith("dory"):
+        with torch.no_grad():
+            m.lm_head.logit_scale.mul_(torch.rand(V, generator=torch.Generator().manual_seed(4)) + 0.5)
+    if want is None:
+        with pytest.raises(ValueError, match="output head is not its weight"):
+            lmmetrics.model_logits(m, ids)
+        return
+    out_dtype, factor, cap = want
+    lazy = _same_metrics(m, ids)
+    assert lazy.dtype == (out_dtype or "bfloat16") and lazy.scale == pytest.approx(factor or 1.0)
+    assert lazy.softcap == cap
+    with torch.no_grad():
+        loss = float(m(ids, labels=ids).loss)
+    assert lmmetrics.cross_entropy(lazy, ids, shift=True) == pytest.approx(loss, rel=1e-5)

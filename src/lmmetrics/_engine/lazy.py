@@ -367,7 +367,10 @@ def _run(model: Any, head: Any, ids: Any, mask: Any, stop: bool = False, replace
             raise _HeadReached
 
     def after(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
-        seen.append(output)
+        # (a copy: the model may change its head's output in place, as
+        # Chameleon masks its image tokens' columns; the check compares
+        # the head's output as the head made it)
+        seen.append(output.detach().clone() if isinstance(output, torch.Tensor) else output)
         return None if replace is None else replace(output)
 
     hooks = [head.register_forward_pre_hook(before, with_kwargs=True)]
@@ -673,7 +676,8 @@ def _check_against_forward(model: Any, name: str, head: Any, weight: Any, bias: 
         worst = float((lin.double() - raw.double()).abs().max()) if lin.shape == raw.shape else math.nan
         raise ValueError(f"model_logits: {name}'s output head is not its weight (and bias) applied as a linear "
                          f"layer: its output differs from that by up to {worst:.3g} on the first positions (a "
-                         f"LoRA adapter, a forward hook or a quantized layer on the head?). Use "
+                         f"LoRA adapter, a forward hook or a quantized layer on the head, or a head module that "
+                         f"does more, such as Dory's per-token logit scale?). Use "
                          f"model(input_ids).logits, or merge the adapter first")
     probe = _probe_values(raw)
     seen = forward(replace=lambda out: probe.clone())[2]
