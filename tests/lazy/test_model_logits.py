@@ -473,3 +473,36 @@ def test_unusual_heads_against_the_models_own_logits_and_loss(name):
     with torch.no_grad():
         loss = float(m(ids, labels=ids).loss)
     assert lmmetrics.cross_entropy(lazy, ids, shift=True) == pytest.approx(loss, rel=1e-5)
+
+
+def test_one_model_from_several_threads():
+    """model_logits puts hooks on the model's head for one forward; another
+    thread's forward of the same model (model_logits' or a plain one) ran
+    through them: its head input was taken for this call's (wrong losses
+    with check=False, spurious errors with the check). The hooks see this
+    call's thread only."""
+    import functools
+
+    from helpers import run_threads
+
+    torch.manual_seed(0)
+    m = T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).eval()
+    ids = [torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(k)) for k in range(6)]
+    with torch.no_grad():
+        want = [lmmetrics.cross_entropy(m(input_ids=x).logits.double(), x, shift=True) for x in ids]
+    wrong = []
+
+    def lazy(k, check):
+        for r in range(8):
+            i = (k + r) % len(ids)
+            got = lmmetrics.cross_entropy(lmmetrics.model_logits(m, ids[i], check=check), ids[i], shift=True)
+            if got != pytest.approx(want[i], rel=1e-5):
+                wrong.append((k, i, got, want[i]))
+
+    def plain():
+        with torch.no_grad():
+            for r in range(16):
+                m(input_ids=ids[r % len(ids)])
+
+    run_threads(*[functools.partial(lazy, k, k % 2 == 0) for k in range(4)], plain, switch=True)
+    assert not wrong, wrong[:5]

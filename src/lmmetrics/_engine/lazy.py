@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
@@ -360,13 +361,20 @@ def _run(model: Any, head: Any, ids: Any, mask: Any, stop: bool = False, replace
     import torch
 
     seen: List[Any] = []
+    # (the hooks are on a module other threads may run: only this call's forward, on this thread, is seen;
+    # another thread's may call them without kwargs while torch registers them in two steps)
+    mine = threading.get_ident()
 
-    def before(module: Any, args: Any, kwargs: Any) -> None:
+    def before(module: Any, args: Any, kwargs: Any = None) -> None:
+        if threading.get_ident() != mine:
+            return
         seen.append(args[0] if args else next(iter(kwargs.values()), None))
         if stop:
             raise _HeadReached
 
-    def after(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+    def after(module: Any, args: Any, kwargs: Any, output: Any = None) -> Any:
+        if threading.get_ident() != mine:
+            return None
         # (a copy: the model may change its head's output in place, as
         # Chameleon masks its image tokens' columns; the check compares
         # the head's output as the head made it)
