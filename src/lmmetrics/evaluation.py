@@ -10,6 +10,7 @@ nanochat's ``evaluate_bpb``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import numbers
@@ -341,9 +342,9 @@ def _one_at_a_time(method: _F) -> _F:
     def locked(self: Evaluator, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             return method(self, *args, **kwargs)
-    locked.__name__, locked.__qualname__, locked.__doc__ = method.__name__, method.__qualname__, method.__doc__
-    locked.__wrapped__ = method  # type: ignore[attr-defined]
-    return cast(_F, locked)
+    # (the method's name, docstring, module and annotations: typing.get_type_hints and
+    # inspect.signature read the method's)
+    return cast(_F, functools.update_wrapper(locked, method))
 
 
 class Evaluator:

@@ -132,6 +132,21 @@ def test_one_evaluator_updated_from_many_threads_adds_every_batch():
             assert got.as_dict()[k] == v, k
 
 
+def test_the_methods_that_hold_the_lock_keep_their_annotations():
+    # the methods run while holding the Evaluator's lock are the methods as
+    # written for inspection: their annotations and module (get_type_hints
+    # gave the wrapper's: self an Evaluator, Any elsewhere, on the
+    # torchmetrics metrics' methods too)
+    import typing
+
+    assert typing.get_type_hints(lmmetrics.Evaluator.compute) == {"return": lmmetrics.Metrics}
+    assert typing.get_type_hints(lmmetrics.Evaluator.all_reduce) == {"group": typing.Any,
+                                                                     "return": lmmetrics.Evaluator}
+    tm = pytest.importorskip("lmmetrics.torchmetrics")
+    assert tm.Perplexity.reset.__module__ == "lmmetrics.torchmetrics"
+    assert typing.get_type_hints(tm.Perplexity.reset) == {"return": type(None)}
+
+
 def test_merges_while_the_merged_evaluator_is_updated_count_every_batch_once():
     # a.merge(b) while another thread updates b (and b.merge(a) the other
     # way at once): both Evaluators' locks are held, in one order whichever
