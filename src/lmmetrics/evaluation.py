@@ -15,7 +15,9 @@ import hashlib
 import math
 import numbers
 import operator
+import os
 import threading
+import weakref
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, TypeVar, Union, cast
 
@@ -347,6 +349,26 @@ def _one_at_a_time(method: _F) -> _F:
     return cast(_F, functools.update_wrapper(locked, method))
 
 
+# every Evaluator, for `_free_locks_after_fork`
+_EVALUATORS: weakref.WeakSet[Evaluator] = weakref.WeakSet()
+
+
+def _free_locks_after_fork() -> None:
+    """In a forked child, the lock of an Evaluator that another thread of
+    the parent held (an update on its way) is made anew: that thread is not
+    in the child, and every call would wait for it for ever. The child's
+    Evaluator holds the batches added before that update."""
+    for ev in list(_EVALUATORS):
+        if ev._lock.acquire(blocking=False):  # (free, or held by this thread, which the child has)
+            ev._lock.release()
+        else:
+            ev._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_free_locks_after_fork)
+
+
 class Evaluator:
     """Streaming metrics: `update` per batch, `compute` at the end.
 
@@ -460,6 +482,7 @@ class Evaluator:
         self._errors: List[Tuple[int, ValueError]] = []
         self._updates = 0
         self._lock = threading.RLock()  # (`_one_at_a_time`)
+        _EVALUATORS.add(self)
 
     def _no_calibration(self) -> Optional[Calibration]:
         return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
@@ -697,6 +720,7 @@ class Evaluator:
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        _EVALUATORS.add(self)
 
     def _document_rows(self, document_ids: Any, targets: Any) -> Optional[I64Array]:
         """document_ids checked against the targets and this Evaluator's

@@ -73,3 +73,46 @@ def test_a_child_forked_after_another_librarys_team_does_not_wait_for_it(tmp_pat
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+_EVALUATOR = lmmetrics.Evaluator()
+
+
+def _child_compute(queue):
+    queue.put(_EVALUATOR.compute().tokens)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_child_forked_while_another_thread_updates_an_evaluator_does_not_wait_for_it():
+    # another thread holds the Evaluator's lock when the process forks (an
+    # update on its way): that thread is not in the child, whose calls
+    # waited for it for ever; the child has the batches added before
+    import threading
+
+    _EVALUATOR.reset()
+    _EVALUATOR.update(ROWS, T4)
+    held, done = threading.Event(), threading.Event()
+
+    def updating():
+        with _EVALUATOR._lock:
+            held.set()
+            done.wait(60)
+
+    thread = threading.Thread(target=updating)
+    thread.start()
+    try:
+        assert held.wait(60)
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_compute, args=(queue,))
+        child.start()
+        try:
+            assert queue.get(timeout=60) == 4
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+    finally:
+        done.set()
+        thread.join()
+    assert _EVALUATOR.compute().tokens == 4
