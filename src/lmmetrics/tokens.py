@@ -157,15 +157,25 @@ def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
     Its ids need not be the model's (PLBart's fairseq offset of 1, M2M100's
     and Speech2Text's own vocabulary files, Bartpho's reduced one): each id
     goes through its token to the piece of that text. Added tokens count
-    their text (0 when special); a token that is neither a piece nor an
-    added token counts 0, as an id with no token."""
+    their text (0 when special), but for those that are also a piece of the
+    model (its user-defined pieces, Gemma's "▁▁"), which count as the piece;
+    a token that is neither a piece nor an added token counts 0, as an id
+    with no token."""
     sp = tok.sp_model
     pieces = _from_sentencepiece(sp, 0)
     added = getattr(tok, "added_tokens_decoder", {})
     n = max([size_hint] + [i + 1 for i in added])
     out = np.zeros(n, np.int64)
+    kept = []
     for i in range(n):
         if i in added:
+            # an added token that is also a piece of the model (a user-defined piece, Gemma's "▁▁"): the
+            # piece's count, as a tokenizers model's (`_set_added`)
+            text = getattr(added[i], "content", None)
+            j = sp.piece_to_id(text) if isinstance(text, str) else 0
+            if sp.id_to_piece(j) == text and not (sp.is_control(j) or sp.is_unknown(j) or sp.is_unused(j)):
+                out[i] = pieces[j]
+                kept.append(i)
             continue
         try:
             token = tok.convert_ids_to_tokens(i)
@@ -175,7 +185,7 @@ def _from_sentencepiece_wrapper(tok: Any, size_hint: int) -> I64Array:
             j = sp.piece_to_id(token)
             if sp.id_to_piece(j) == token:
                 out[i] = pieces[j]
-    _set_added(out, added)
+    _set_added(out, added, kept)
     return out
 
 
@@ -266,7 +276,8 @@ def token_bytes(tokenizer: Any, *, size: Optional[int] = None) -> I64Array:
       (Gemma's whitespace runs ``"▁▁"``: two spaces), which count as the
       piece.
     * ``sentencepiece.SentencePieceProcessor`` and transformers tokenizers
-      wrapping one (``sp_model``).
+      wrapping one (``sp_model``; an added token that is also a piece of
+      the model, as Gemma's ``"▁▁"``, counts as the piece there too).
     * transformers' byte tokenizer (ByT5's): each byte's id is one byte.
     * tiktoken ``Encoding`` (``decode_single_token_bytes``).
     * nanochat's tokenizers: ``RustBPETokenizer`` (its tiktoken ``.enc``) and

@@ -403,6 +403,31 @@ def test_wordpiece_prefix_without_a_decoder():
         assert table[enc.ids].sum() == utf8("".join(text.split()))
 
 
+def test_sentencepiece_backend_added_tokens_that_are_pieces_count_as_pieces(tmp_path):
+    """Gemma's tokenizer over its SentencePiece model: the user-defined
+    pieces (whitespace runs "▁▁") are also non-special added tokens
+    (tokenizer_config's added_tokens_decoder); the model emits them for
+    spaces: a space a byte, as the model's own table (each counted the 6
+    bytes of "▁▁")."""
+    transformers = pytest.importorskip("transformers")
+    backend = getattr(transformers, "SentencePieceBackend", None)
+    if backend is None:
+        pytest.skip("no transformers.SentencePieceBackend")
+    sp = train_sentencepiece(add_dummy_prefix=False, user_defined_symbols=["\u2581\u2581", "<td>"])
+    path = tmp_path / "sp.model"
+    path.write_bytes(sp.serialized_model_proto())
+    runs, td = sp.piece_to_id("\u2581\u2581"), sp.piece_to_id("<td>")
+    tok = backend(vocab_file=str(path), added_tokens_decoder={
+        i: transformers.AddedToken(sp.id_to_piece(i), special=False, normalized=False) for i in (runs, td)})
+    table = lmmetrics.token_bytes(tok)
+    assert table[[runs, td]].tolist() == [2, 4]
+    np.testing.assert_array_equal(table, lmmetrics.token_bytes(sp))
+    for text in ["a  b", "The  quick   fox <td> jumps"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert runs in ids
+        assert table[ids].sum() == lmmetrics.token_bytes(sp)[sp.encode(text)].sum(), text
+
+
 def test_transformers_sentencepiece_added_token_past_a_gap(sp, tmp_path):
     """An added token whose id leaves a gap after the model's pieces: the
     gap's ids have no token (0), the added token its own entry."""
