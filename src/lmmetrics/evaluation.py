@@ -10,6 +10,7 @@ nanochat's ``evaluate_bpb``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -19,7 +20,7 @@ import os
 import threading
 import weakref
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -349,6 +350,16 @@ def _one_at_a_time(method: _F) -> _F:
     return cast(_F, functools.update_wrapper(locked, method))
 
 
+@contextlib.contextmanager
+def both_held(a: threading.RLock, b: threading.RLock) -> Iterator[None]:
+    """Two objects' locks (a merge: an update of either waits), taken in one
+    order whichever is named first, so that two threads merging each into
+    the other never wait on each other."""
+    first, second = sorted((a, b), key=id)
+    with first, second:
+        yield
+
+
 # every Evaluator, for `_free_locks_after_fork`
 _EVALUATORS: weakref.WeakSet[Evaluator] = weakref.WeakSet()
 
@@ -362,7 +373,7 @@ def _free_locks_after_fork() -> None:
         if ev._lock.acquire(blocking=False):  # (free, or held by this thread, which the child has)
             ev._lock.release()
         else:
-            ev._lock = threading.RLock()
+            ev._new_lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -481,8 +492,7 @@ class Evaluator:
         self._pending: Optional[_Pending] = None
         self._errors: List[Tuple[int, ValueError]] = []
         self._updates = 0
-        self._lock = threading.RLock()  # (`_one_at_a_time`)
-        _EVALUATORS.add(self)
+        self._new_lock()
 
     def _no_calibration(self) -> Optional[Calibration]:
         return None if self.calibration_bins is None else Calibration.from_arrays([], [], self.calibration_bins)
@@ -719,6 +729,10 @@ class Evaluator:
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._new_lock()
+
+    def _new_lock(self) -> None:
+        """A lock of its own (`_one_at_a_time`), known to `_free_locks_after_fork`."""
         self._lock = threading.RLock()
         _EVALUATORS.add(self)
 
@@ -938,9 +952,7 @@ class Evaluator:
             When ``other`` is not an Evaluator.
         """
         self._check_compatible(other)
-        # (both Evaluators' locks, taken in one order whichever merges which: an update of either waits)
-        first, second = sorted((self._lock, other._lock), key=id)
-        with first, second:
+        with both_held(self._lock, other._lock):
             return self._merge(other)
 
     def _merge(self, other: Evaluator) -> Evaluator:

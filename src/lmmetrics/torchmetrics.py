@@ -32,7 +32,7 @@ import torch
 from torch.nn import Module, ModuleDict
 from torchmetrics import Metric
 
-from .evaluation import (Evaluator, Metrics, _differing, _digest, _one_at_a_time, _raise_where_failed,
+from .evaluation import (Evaluator, Metrics, _differing, _digest, _one_at_a_time, _raise_where_failed, both_held,
                          state_from_floats)
 
 # what can be logged: the keys of Metrics.as_dict() without document_ids
@@ -225,10 +225,8 @@ class _EvaluatorMetric(Metric):
         A dict without ``settings`` (saved before it existed) is taken as
         this metric's. The next ``compute`` gives the merged value (torchmetrics
         keeps the value computed before the merge)."""
-        # (both metrics' locks, taken in one order whichever merges which: an update of either waits)
         theirs = incoming_state._lock if isinstance(incoming_state, _EvaluatorMetric) else self._lock
-        first, second = sorted((self._lock, theirs), key=id)
-        with first, second:
+        with both_held(self._lock, theirs):
             self._merge_state(incoming_state)
 
     def _merge_state(self, incoming_state: Any) -> None:
